@@ -1,0 +1,1 @@
+"""Checkpoints: their contents (state), the verified push cycle (cycle) and finding them again (resume)."""

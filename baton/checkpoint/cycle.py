@@ -1,0 +1,200 @@
+"""push -> verify -> pointer -> read back -> prune: the only way a checkpoint becomes the baton.
+
+The order is the guarantee. The pointer (``<run>/latest.json``) is the commit marker and is written only
+after the store has proven it holds every byte; the local copy is deleted only after the pointer has been
+read back. A failure at any point raises before the next stage, so the pointer keeps naming the previous
+verified checkpoint and the local copy stays on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..errors import StoreError, VerificationError
+from ..hashing import sha256_file
+from ..store import Store
+
+log = logging.getLogger(__name__)
+
+POINTER = "latest.json"
+WINDOW = 64 << 10  # bytes per read-back window
+FULL_CHUNK = 8 << 20
+
+
+@dataclass
+class PushResult:
+    step: int
+    path: str  # relative to the run prefix, e.g. ckpt/step-8
+    files: dict[str, dict[str, Any]]
+    seconds: float
+    verified: bool
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def ckpt_path(step: int) -> str:
+    return f"ckpt/step-{step}"
+
+
+def local_manifest(folder: Path) -> dict[str, dict[str, Any]]:
+    return {
+        p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
+        for p in sorted(folder.iterdir())
+        if p.is_file()
+    }
+
+
+def verify_remote(store: Store, prefix: str, files: dict[str, dict[str, Any]], local: Path, mode: str = "sample",
+                  rng: random.Random | None = None) -> None:
+    """Prove the store holds ``files`` under ``prefix``: its listing, then bytes read back.
+
+    Raises VerificationError listing every problem; any exception while reading back is a problem, never
+    dropped (a listing alone once passed a checkpoint whose read-back was a 404).
+    """
+    rng = rng or random.Random()
+    problems: list[str] = []
+    try:
+        listing = store.list(prefix + "/")
+    except Exception as e:
+        raise VerificationError(f"could not list {prefix}/ in {store.describe()}: {e}") from None
+    for name, want in files.items():
+        key = f"{prefix}/{name}"
+        got = listing.get(key)
+        if got is None:
+            problems.append(f"{name}: not listed by the store")
+            continue
+        if got.size != want["size"]:
+            problems.append(f"{name}: store lists {got.size} bytes, pushed {want['size']}")
+        if got.sha256 is None:
+            problems.append(f"{name}: store lists no sha256")
+        elif got.sha256 != want["sha256"]:
+            problems.append(f"{name}: store lists sha256 {got.sha256[:12]}…, pushed {want['sha256'][:12]}…")
+    for name, want in files.items():
+        if any(p.startswith(f"{name}:") for p in problems):
+            continue
+        try:
+            _read_back(store, f"{prefix}/{name}", local / name, want["size"], mode, rng)
+        except VerificationError as e:
+            problems.append(f"{name}: {e}")
+        except Exception as e:  # a 404, a reset connection, a bad status: all fail verification
+            problems.append(f"{name}: read-back failed: {type(e).__name__}: {e}")
+    if problems:
+        raise VerificationError(
+            f"checkpoint {prefix} failed verification in {store.describe()}: " + "; ".join(problems)
+        )
+
+
+def read_windows(size: int, mode: str, rng: random.Random) -> list[tuple[int, int]]:
+    if size == 0:
+        return []
+    if mode == "full":
+        return [(a, min(a + FULL_CHUNK, size) - 1) for a in range(0, size, FULL_CHUNK)]
+    w = min(WINDOW, size)
+    mid = rng.randrange(0, size - w + 1)
+    return sorted({(0, w - 1), (size - w, size - 1), (mid, mid + w - 1)})
+
+
+def _read_back(store: Store, key: str, local: Path, size: int, mode: str, rng: random.Random) -> None:
+    with open(local, "rb") as f:
+        for a, b in read_windows(size, mode, rng):
+            r = store.read_range(key, a, b)
+            want_range = f"bytes {a}-{b}/{size}"
+            if r.status != 206:
+                raise VerificationError(f"range {a}-{b} answered with status {r.status}, not 206 (range ignored?)")
+            if r.content_range != want_range:
+                raise VerificationError(f"asked for {want_range}, server answered Content-Range {r.content_range!r}")
+            if len(r.data) != b - a + 1:
+                raise VerificationError(f"range {a}-{b} returned {len(r.data)} bytes, expected {b - a + 1}")
+            f.seek(a)
+            if r.data != f.read(b - a + 1):
+                raise VerificationError(f"bytes {a}-{b} read back differ from the local file")
+
+
+def make_pointer(run: str, step: int, path: str, files: dict[str, dict[str, Any]], cursor: dict[str, Any],
+                 complete: bool = False, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "run": run,
+        "step": step,
+        "path": path,
+        "files": files,
+        "cursor": cursor,
+        "complete": complete,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "baton_version": __version__,
+        **(extra or {}),
+    }
+
+
+def write_pointer(store: Store, run: str, pointer: dict[str, Any]) -> None:
+    """Write the pointer and prove it by reading it back."""
+    key = f"{run}/{POINTER}"
+    text = json.dumps(pointer, indent=1, sort_keys=True)
+    store.write_text(key, text)
+    back = store.read_text(key)
+    if back is None or json.loads(back) != pointer:
+        raise VerificationError(f"pointer {key} read back from {store.describe()} differs from what was written")
+
+
+def push_folder(store: Store, local: Path, prefix: str, mode: str) -> tuple[dict[str, dict[str, Any]], dict[str, float]]:
+    """Upload every file of ``local`` under ``prefix`` and verify it; returns the files and timings."""
+    t0 = time.perf_counter()
+    files = local_manifest(local)
+    t1 = time.perf_counter()
+    for name, info in files.items():
+        store.put_file(local / name, f"{prefix}/{name}", info["sha256"])
+    t2 = time.perf_counter()
+    verify_remote(store, prefix, files, local, mode)
+    t3 = time.perf_counter()
+    return files, {"hash": t1 - t0, "upload": t2 - t1, "verify": t3 - t2}
+
+
+def push_checkpoint(store: Store, run: str, local: Path, step: int, cursor: dict[str, Any], mode: str = "sample",
+                    keep_last: int = 2, complete: bool = False, extra: dict[str, Any] | None = None) -> PushResult:
+    """The full cycle for one checkpoint folder. Raises (leaving pointer and local copy) on any failure."""
+    t0 = time.perf_counter()
+    path = ckpt_path(step)
+    files, timings = push_folder(store, local, f"{run}/{path}", mode)
+    t = time.perf_counter()
+    write_pointer(store, run, make_pointer(run, step, path, files, cursor, complete, extra))
+    timings["pointer"] = time.perf_counter() - t
+    # Verified and committed: now, and only now, the local copy may go.
+    shutil.rmtree(local)
+    apply_retention(store, run, keep_last, current=path)
+    seconds = time.perf_counter() - t0
+    log.info("checkpoint step %d pushed and verified in %.1fs (%s)", step, seconds, store.describe())
+    return PushResult(step, path, files, seconds, True, timings)
+
+
+def apply_retention(store: Store, run: str, keep_last: int, current: str) -> list[str]:
+    """Delete verified checkpoints beyond the newest ``keep_last``. Failures are logged, not fatal."""
+    try:
+        keys = store.list(f"{run}/ckpt/")
+    except Exception as e:
+        log.warning("retention skipped: could not list %s/ckpt/ (%s)", run, e)
+        return []
+    steps: dict[int, list[str]] = {}
+    for key in keys:
+        parts = key[len(run) + 1 :].split("/")
+        if len(parts) >= 3 and parts[1].startswith("step-") and parts[1][5:].isdigit():
+            steps.setdefault(int(parts[1][5:]), []).append(key)
+    current_step = int(current.rsplit("-", 1)[1])
+    kept = sorted((s for s in steps if s <= current_step), reverse=True)[:keep_last]
+    removed = []
+    for s, ks in sorted(steps.items()):
+        if s in kept or s > current_step:
+            continue
+        try:
+            for k in ks:
+                store.delete(k)
+            removed.append(ckpt_path(s))
+        except (StoreError, OSError) as e:
+            log.warning("could not delete old checkpoint %s/%s (%s); it stays in the store", run, ckpt_path(s), e)
+    return removed

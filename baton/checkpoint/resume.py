@@ -1,0 +1,84 @@
+"""Finding the baton: read the pointer, refuse anything suspicious, pull into an empty folder, check."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ..errors import ResumeError, StoreError
+from ..hashing import sha256_file
+from ..store import Store
+from .cycle import POINTER
+from .state import REQUIRED
+
+
+def read_pointer(store: Store, run: str) -> dict[str, Any] | None:
+    """The run's pointer; None only when the store says there is none. Anything else raises."""
+    key = f"{run}/{POINTER}"
+    try:
+        text = store.read_text(key)
+    except StoreError as e:
+        raise ResumeError(f"could not read the pointer {key} from {store.describe()}: {e}") from None
+    if text is None:
+        return None
+    try:
+        p = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ResumeError(f"pointer {key} in {store.describe()} is not valid JSON ({e.msg}); refusing to guess") from None
+    check_pointer(p, run, key)
+    return p
+
+
+def check_pointer(p: Any, run: str, key: str) -> None:
+    if not isinstance(p, dict):
+        raise ResumeError(f"pointer {key} is not a JSON object")
+    missing = [k for k in ("run", "step", "path", "files", "cursor") if k not in p]
+    if missing:
+        raise ResumeError(f"pointer {key} lacks {', '.join(missing)}")
+    if p["run"] != run:
+        raise ResumeError(f"pointer {key} belongs to run {p['run']!r}, not {run!r}")
+    if not isinstance(p["step"], int) or p["step"] < 0:
+        raise ResumeError(f"pointer {key} has an invalid step {p['step']!r}")
+    check_inside(p["path"], key)
+    files = p["files"]
+    if not isinstance(files, dict) or not files:
+        raise ResumeError(f"pointer {key} lists no files")
+    for name, info in files.items():
+        if "/" in name or name in ("", ".", "..") or not isinstance(info, dict) or "sha256" not in info or "size" not in info:
+            raise ResumeError(f"pointer {key} has a malformed file entry {name!r}")
+    for name in REQUIRED:
+        if name not in files:
+            raise ResumeError(f"pointer {key} names a checkpoint without {name}")
+
+
+def check_inside(path: Any, key: str) -> None:
+    """A pointer may only name a checkpoint inside its own run's prefix."""
+    if not isinstance(path, str) or not path:
+        raise ResumeError(f"pointer {key} has no checkpoint path")
+    norm = posixpath.normpath(path)
+    if path.startswith("/") or "\\" in path or ".." in path.split("/") or norm != path or not path.startswith("ckpt/"):
+        raise ResumeError(f"pointer {key} names {path!r}, outside the run's ckpt/ prefix; refusing it")
+
+
+def pull_checkpoint(store: Store, run: str, pointer: dict[str, Any], dest: Path) -> Path:
+    """Download the pointed checkpoint into an empty ``dest`` and check every file's size and sha256."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for name, info in pointer["files"].items():
+        key = f"{run}/{pointer['path']}/{name}"
+        try:
+            store.get_file(key, dest / name)
+        except StoreError as e:
+            raise ResumeError(f"the pointer names {key}, but it could not be downloaded: {e}") from None
+        size = (dest / name).stat().st_size
+        digest = sha256_file(dest / name)
+        if size != info["size"] or digest != info["sha256"]:
+            raise ResumeError(
+                f"{key} downloaded with size {size} and sha256 {digest[:12]}…, but the pointer says "
+                f"{info['size']} and {info['sha256'][:12]}…: the store's copy is damaged"
+            )
+    return dest

@@ -1,0 +1,165 @@
+"""What a checkpoint holds, on disk, without pickle.
+
+- ``model.safetensors``: the fp32 master weights (tied weights stored once).
+- ``optimizer.safetensors``: AdamW's per-parameter tensors, named ``<param>::<slot>``.
+- ``state.json``: everything else under named keys: step, scheduler, scaler, optimizer hyper-parameters,
+  the RNG states of every rank, the data cursor, the resolved config, versions, run counters.
+- ``metrics.jsonl``: the per-step metrics so far, so the loss history survives a wiped machine.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, load_model, save_file, save_model
+
+from ..errors import ResumeError
+
+FORMAT = "baton-checkpoint-v1"
+MODEL_FILE = "model.safetensors"
+OPTIM_FILE = "optimizer.safetensors"
+STATE_FILE = "state.json"
+METRICS_FILE = "metrics.jsonl"
+REQUIRED = (MODEL_FILE, OPTIM_FILE, STATE_FILE)
+
+
+# ------------------------------------------------------------------------------------------------ RNG
+
+
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.cpu().numpy().tobytes()).decode()
+
+
+def _unb64(s: str) -> torch.Tensor:
+    return torch.from_numpy(np.frombuffer(base64.b64decode(s), dtype=np.uint8).copy())
+
+
+def rng_state() -> dict[str, Any]:
+    """Every generator this process uses, JSON-safe."""
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    return {
+        "torch": _b64(torch.get_rng_state()),
+        "cuda": [_b64(s) for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
+        "numpy": {"keys": np_state[1].tolist(), "pos": int(np_state[2]), "has_gauss": int(np_state[3]),
+                  "cached_gaussian": float(np_state[4])},
+        "python": {"version": py_state[0], "state": list(py_state[1]), "gauss": py_state[2]},
+    }
+
+
+def set_rng_state(s: dict[str, Any]) -> None:
+    torch.set_rng_state(_unb64(s["torch"]))
+    if s.get("cuda") and torch.cuda.is_available() and len(s["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all([_unb64(x) for x in s["cuda"]])
+    n = s["numpy"]
+    np.random.set_state(("MT19937", np.array(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    p = s["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
+
+
+# ------------------------------------------------------------------------------------------ optimizer
+
+
+def _param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    return [by_id[id(p)] for g in optimizer.param_groups for p in g["params"]]
+
+
+def optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    sd = optimizer.state_dict()
+    names = _param_names(model, optimizer)
+    tensors: dict[str, torch.Tensor] = {}
+    for idx, slots in sd["state"].items():
+        for slot, value in slots.items():
+            t = value if torch.is_tensor(value) else torch.tensor(value)
+            tensors[f"{names[idx]}::{slot}"] = t.detach().cpu().contiguous()
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in sd["param_groups"]]
+    return tensors, groups
+
+
+def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
+                   groups: list[dict]) -> None:
+    names = _param_names(model, optimizer)
+    index = {n: i for i, n in enumerate(names)}
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, t in tensors.items():
+        name, slot = key.rsplit("::", 1)
+        if name not in index:
+            raise ResumeError(f"optimizer state names parameter {name!r}, which this model does not have")
+        state.setdefault(index[name], {})[slot] = t
+    fixed = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in groups]
+    optimizer.load_state_dict({"state": state, "param_groups": fixed})
+
+
+# ----------------------------------------------------------------------------------------- save / load
+
+
+def save_checkpoint(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    state: dict[str, Any], metrics_file: Path | None) -> Path:
+    """Write the checkpoint folder atomically: files go to ``out.partial`` which is renamed last."""
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_model(_unwrap(model), str(tmp / MODEL_FILE))
+    tensors, groups = optimizer_tensors(_unwrap(model), optimizer)
+    save_file(tensors, str(tmp / OPTIM_FILE))
+    state = {"format": FORMAT, **state, "optimizer_param_groups": groups}
+    (tmp / STATE_FILE).write_text(json.dumps(state, indent=1), encoding="utf-8")
+    if metrics_file is not None and metrics_file.is_file():
+        shutil.copyfile(metrics_file, tmp / METRICS_FILE)
+    for f in tmp.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
+
+
+def read_state(ckpt: Path) -> dict[str, Any]:
+    try:
+        state = json.loads((ckpt / STATE_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ResumeError(f"{ckpt} has no {STATE_FILE}: not a complete baton checkpoint") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ResumeError(f"{ckpt / STATE_FILE} is not valid JSON ({e})") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise ResumeError(f"{ckpt / STATE_FILE} is not a {FORMAT} state (format={state.get('format') if isinstance(state, dict) else None!r})")
+    for key in ("step", "cursor", "config", "rng"):
+        if key not in state:
+            raise ResumeError(f"{ckpt / STATE_FILE} lacks {key!r}")
+    return state
+
+
+def load_weights(ckpt: Path, model: torch.nn.Module) -> None:
+    try:
+        missing, unexpected = load_model(_unwrap(model), str(ckpt / MODEL_FILE), strict=False)
+    except Exception as e:  # safetensors raises several types for a corrupt header/size
+        raise ResumeError(f"{ckpt / MODEL_FILE} could not be loaded into the model: {e}") from None
+    if missing or unexpected:
+        raise ResumeError(
+            f"{ckpt / MODEL_FILE} does not fit this model (missing {sorted(missing)[:3]}, "
+            f"unexpected {sorted(unexpected)[:3]}); the model shape changed since it was saved"
+        )
+
+
+def load_checkpoint(ckpt: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    state = read_state(ckpt)
+    load_weights(ckpt, model)
+    try:
+        tensors = load_file(str(ckpt / OPTIM_FILE))
+    except Exception as e:
+        raise ResumeError(f"{ckpt / OPTIM_FILE} could not be loaded: {e}") from None
+    load_optimizer(_unwrap(model), optimizer, tensors, state["optimizer_param_groups"])
+    return state
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return getattr(model, "module", model)

@@ -1,0 +1,391 @@
+"""Typed, nested, self-validating configuration: TOML in, dotted ``--set`` overrides, JSON out.
+
+Every field's docstring-comment is the reference for it (the README's configuration table is generated
+from the same dataclasses). Validation collects every problem before raising, so a user fixes a config in
+one pass instead of one error per run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+ATTN_IMPLS = ("eager", "sdpa", "flash_attention_2")
+PRECISIONS = ("fp32", "bf16", "fp16")
+SOURCE_KINDS = ("stdlib", "text", "jsonl", "parquet", "hf_dataset")
+
+
+@dataclass
+class ModelConfig:
+    """The Llama shape (transformers' ``LlamaForCausalLM``)."""
+
+    n_layers: int = 4  # transformer blocks
+    hidden: int = 128  # model width; must be divisible by n_heads
+    n_heads: int = 4  # attention heads
+    n_kv_heads: int = 2  # key/value heads (GQA); must divide n_heads
+    ffn: int = 384  # SwiGLU inner width
+    vocab_size: int = 4096  # embedding rows; must be >= the tokenizer's vocabulary
+    tie_embeddings: bool = True  # share the input embedding with the output head
+    rope_theta: float = 10000.0  # RoPE base
+    max_seq_len: int = 2048  # position limit; must be >= data.seq_len
+    attn: str = "sdpa"  # eager | sdpa | flash_attention_2
+    grad_ckpt: bool = False  # activation (gradient) checkpointing
+    init_std: float = 0.02  # weight init standard deviation
+    norm_eps: float = 1e-5  # RMSNorm epsilon
+
+
+@dataclass
+class SourceConfig:
+    """One input of the data mix."""
+
+    kind: str = "text"  # stdlib | text | jsonl | parquet | hf_dataset
+    path: str = ""  # file, folder or glob (unused for stdlib)
+    field: str = "text"  # JSONL field / Parquet column / dataset column holding the text
+    max_bytes: int = 0  # cap on bytes of text read from this source (0 = no cap)
+    max_tokens: int = 0  # cap on tokens taken from this source (0 = no cap)
+    weight: float = 1.0  # repeat factor in the mix (fractional part: a seeded share of documents)
+
+
+@dataclass
+class DataConfig:
+    """Prepared token shards and how the reader cuts and orders them."""
+
+    dir: str = "data/tiny"  # where `baton prepare` writes shards and `baton train` reads them
+    sources: list[SourceConfig] = field(default_factory=lambda: [SourceConfig(kind="stdlib")])
+    tokenizer: str = ""  # tokenizer.json or a local HF tokenizer folder; "" trains a byte-level BPE
+    tokenizer_vocab: int = 4096  # vocabulary size when baton trains the tokenizer
+    shard_tokens: int = 16_777_216  # tokens per shard file
+    seq_len: int = 128  # tokens per training window
+    shuffle_seed: int = 1234  # seed of the global window permutation
+    val_windows: int = 32  # held-out windows for validation (taken from the end of the stream)
+
+
+@dataclass
+class OptimConfig:
+    """AdamW and the warmup -> plateau -> linear-decay schedule."""
+
+    lr: float = 3e-4  # peak learning rate
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1  # applied to matrices only, not to norms
+    grad_clip: float = 1.0  # max global gradient norm (0 = off)
+    warmup_steps: int = 100  # linear warmup length in optimizer steps
+    decay_start: float = 0.8  # fraction of the horizon where linear decay to 0 begins
+
+
+@dataclass
+class TrainConfig:
+    """The horizon, batch geometry, precision and cadence."""
+
+    steps: int = 0  # horizon in optimizer steps (or set target_tokens)
+    target_tokens: int = 0  # horizon in tokens; steps = target_tokens // tokens_per_step
+    micro_batch: int = 4  # samples per rank per forward/backward
+    global_batch: int = 16  # samples per optimizer step over all ranks (accumulation is derived)
+    precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + fp32 master + GradScaler)
+    device: str = "auto"  # auto | cpu | cuda
+    seed: int = 0  # model init and dropout-free RNG seed
+    threads: int = 0  # torch CPU threads (0 = torch's default)
+    ckpt_every: int = 0  # also checkpoint every N steps (0 = only at the end of the session)
+    log_every: int = 10  # progress/metrics cadence in steps (metrics.jsonl gets every step)
+    max_nonfinite: int = 5  # consecutive skipped (non-finite) steps before the run stops
+
+
+@dataclass
+class StoreConfig:
+    """Where verified checkpoints live: a local folder, s3://bucket/prefix or hf://owner/repo."""
+
+    url: str = "store"  # local path, file://, s3:// or hf://
+    keep_last: int = 2  # verified checkpoints kept in the store
+    verify: str = "sample"  # sample (listing + ranged windows) | full (reread every byte)
+
+
+@dataclass
+class RunConfig:
+    """Names the run; the store prefix and local run directory derive from it."""
+
+    name: str = "tiny"  # run name: store prefix <name>/ and local folder <local_dir>/<name>
+    local_dir: str = "runs"  # root of local run directories
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+
+    # ---- derived quantities (never stored, always recomputed) ----
+    @property
+    def tokens_per_step(self) -> int:
+        return self.train.global_batch * self.data.seq_len
+
+    @property
+    def total_steps(self) -> int:
+        if self.train.steps > 0:
+            return self.train.steps
+        return self.train.target_tokens // self.tokens_per_step
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.local_dir) / self.run.name
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> None:
+        problems = _semantic_problems(self)
+        if problems:
+            raise ConfigError(_format(problems))
+
+
+# --------------------------------------------------------------------------------------------------
+# loading
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read TOML (or start from defaults when ``path`` is None), apply ``a.b=c`` overrides, validate."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} not found (pass --config with an existing TOML file)")
+        try:
+            raw = tomllib.loads(p.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
+    problems: list[str] = []
+    for item in overrides:
+        _apply_override(raw, item, problems)
+    cfg = _build(Config, raw, "", problems) if not problems else None
+    if problems:
+        raise ConfigError(_format(problems))
+    assert cfg is not None
+    cfg.validate()
+    return cfg
+
+
+def config_from_dict(raw: dict[str, Any]) -> Config:
+    """Rebuild a config saved in a checkpoint or summary (same validation as a file)."""
+    problems: list[str] = []
+    cfg = _build(Config, raw, "", problems)
+    if problems:
+        raise ConfigError(_format(problems))
+    cfg.validate()
+    return cfg
+
+
+def config_json(cfg: Config) -> str:
+    return json.dumps(cfg.to_dict(), indent=2, sort_keys=True)
+
+
+def _apply_override(raw: dict[str, Any], item: str, problems: list[str]) -> None:
+    if "=" not in item:
+        problems.append(f"--set {item!r} is not KEY=VALUE (example: --set optim.lr=3e-4)")
+        return
+    key, text = item.split("=", 1)
+    key = key.strip()
+    parts = key.split(".")
+    # Resolve the key against the schema first so a typo is named, not silently added.
+    cls: Any = Config
+    for i, part in enumerate(parts):
+        hints = _hints(cls) if dataclasses.is_dataclass(cls) else {}
+        if part not in hints:
+            where = ".".join(parts[:i]) or "the top level"
+            problems.append(
+                f"--set {key}: no such key {part!r} in {where} (valid: {', '.join(sorted(hints)) or 'none'})"
+            )
+            return
+        cls = hints[part]
+    value = _parse_value(text)
+    node = raw
+    for part in parts[:-1]:
+        nxt = node.setdefault(part, {})
+        if not isinstance(nxt, dict):
+            problems.append(f"--set {key}: {part!r} is not a table in the config file")
+            return
+        node = nxt
+    node[parts[-1]] = value
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text  # bare words are strings: --set store.url=s3://b/p
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _build(cls: type, raw: Any, where: str, problems: list[str]) -> Any:
+    if not isinstance(raw, dict):
+        problems.append(f"{where or 'config'} must be a table, got {type(raw).__name__}")
+        return cls()
+    hints = _hints(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = f"{where}.{key}" if where else key
+        if key not in hints:
+            problems.append(
+                f"unknown key {name!r} (valid keys{' in [' + where + ']' if where else ''}: "
+                f"{', '.join(sorted(hints))})"
+            )
+            continue
+        kwargs[key] = _coerce(hints[key], value, name, problems)
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, name: str, problems: list[str]) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, name, problems)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            problems.append(f"{name} must be a list, got {type(value).__name__} {value!r}")
+            return []
+        return [_coerce(item_tp, v, f"{name}[{i}]", problems) for i, v in enumerate(value)]
+    ok = {
+        bool: isinstance(value, bool),
+        # bool is an int subclass in Python; `steps = true` is a mistake, not 1.
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, (int, float)) and not isinstance(value, bool),
+        str: isinstance(value, str),
+    }.get(tp)
+    if ok is None:  # pragma: no cover - a schema bug, not user input
+        raise TypeError(f"unsupported config type {tp} for {name}")
+    if not ok:
+        problems.append(f"{name} must be {tp.__name__}, got {type(value).__name__} {value!r}")
+        return None
+    return float(value) if tp is float else value
+
+
+def _format(problems: list[str]) -> str:
+    if len(problems) == 1:
+        return f"invalid config: {problems[0]}"
+    return f"invalid config ({len(problems)} problems):\n  - " + "\n  - ".join(problems)
+
+
+def _semantic_problems(cfg: Config) -> list[str]:
+    p: list[str] = []
+    m, d, o, t, s = cfg.model, cfg.data, cfg.optim, cfg.train, cfg.store
+
+    def positive(name: str, value: Any) -> bool:
+        if value is None or value <= 0:
+            p.append(f"{name} must be > 0, got {value}")
+            return False
+        return True
+
+    shape_ok = all(
+        [positive(f"model.{k}", getattr(m, k)) for k in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn", "vocab_size")]
+    )
+    if shape_ok:
+        if m.hidden % m.n_heads:
+            p.append(
+                f"model.hidden={m.hidden} is not divisible by model.n_heads={m.n_heads} "
+                f"(pick n_heads among the divisors of hidden, e.g. {_divisors_near(m.hidden, m.n_heads)})"
+            )
+        elif (m.hidden // m.n_heads) % 2:
+            p.append(f"head dim hidden/n_heads = {m.hidden // m.n_heads} must be even for RoPE")
+        if m.n_heads % m.n_kv_heads:
+            p.append(
+                f"model.n_heads={m.n_heads} is not divisible by model.n_kv_heads={m.n_kv_heads} "
+                f"(GQA needs n_kv_heads to divide n_heads, e.g. {_divisors_near(m.n_heads, m.n_kv_heads)})"
+            )
+    if m.attn not in ATTN_IMPLS:
+        p.append(f"model.attn={m.attn!r} is not one of {', '.join(ATTN_IMPLS)}")
+    if positive("data.seq_len", d.seq_len) and m.max_seq_len is not None and d.seq_len > m.max_seq_len:
+        p.append(f"data.seq_len={d.seq_len} exceeds model.max_seq_len={m.max_seq_len} (raise max_seq_len)")
+    positive("data.shard_tokens", d.shard_tokens)
+    positive("data.tokenizer_vocab", d.tokenizer_vocab)
+    if d.val_windows is not None and d.val_windows < 0:
+        p.append(f"data.val_windows must be >= 0, got {d.val_windows}")
+    for i, src in enumerate(d.sources):
+        if src.kind not in SOURCE_KINDS:
+            p.append(f"data.sources[{i}].kind={src.kind!r} is not one of {', '.join(SOURCE_KINDS)}")
+        elif src.kind != "stdlib" and not src.path:
+            p.append(f"data.sources[{i}] ({src.kind}) needs a path")
+        if src.weight is not None and src.weight <= 0:
+            p.append(f"data.sources[{i}].weight must be > 0, got {src.weight}")
+    if not d.sources and not d.tokenizer:
+        p.append("data.sources is empty (add at least one [[data.sources]] table)")
+    positive("optim.lr", o.lr)
+    if o.warmup_steps is not None and o.warmup_steps < 0:
+        p.append(f"optim.warmup_steps must be >= 0, got {o.warmup_steps}")
+    if o.decay_start is not None and not 0.0 < o.decay_start <= 1.0:
+        p.append(f"optim.decay_start must be in (0, 1], got {o.decay_start}")
+    if o.grad_clip is not None and o.grad_clip < 0:
+        p.append(f"optim.grad_clip must be >= 0, got {o.grad_clip}")
+    if positive("train.micro_batch", t.micro_batch) and positive("train.global_batch", t.global_batch):
+        if t.global_batch % t.micro_batch:
+            p.append(
+                f"train.global_batch={t.global_batch} is not a multiple of train.micro_batch={t.micro_batch}"
+            )
+    if t.steps is not None and t.target_tokens is not None:
+        if (t.steps > 0) == (t.target_tokens > 0):
+            p.append("set exactly one of train.steps and train.target_tokens (the other must be 0)")
+        elif t.steps < 0 or t.target_tokens < 0:
+            p.append("train.steps and train.target_tokens must be >= 0")
+        elif t.target_tokens and d.seq_len and t.global_batch and cfg.total_steps == 0:
+            p.append(
+                f"train.target_tokens={t.target_tokens} is less than one step of {cfg.tokens_per_step} tokens"
+            )
+    if t.precision not in PRECISIONS:
+        p.append(f"train.precision={t.precision!r} is not one of {', '.join(PRECISIONS)}")
+    if t.device not in ("auto", "cpu", "cuda") and not str(t.device).startswith("cuda:"):
+        p.append(f"train.device={t.device!r} is not auto, cpu or cuda")
+    for k in ("ckpt_every", "threads"):
+        if getattr(t, k) is not None and getattr(t, k) < 0:
+            p.append(f"train.{k} must be >= 0")
+    positive("train.log_every", t.log_every)
+    positive("train.max_nonfinite", t.max_nonfinite)
+    if s.verify not in ("sample", "full"):
+        p.append(f"store.verify={s.verify!r} is not sample or full")
+    positive("store.keep_last", s.keep_last)
+    if not s.url:
+        p.append("store.url is empty (a local folder, s3://bucket/prefix or hf://owner/repo)")
+    if not cfg.run.name or "/" in cfg.run.name or cfg.run.name in (".", ".."):
+        p.append(f"run.name={cfg.run.name!r} must be a plain name without '/'")
+    return p
+
+
+def _divisors_near(n: int, k: int) -> str:
+    divs = [x for x in range(1, n + 1) if n % x == 0]
+    divs.sort(key=lambda x: (abs(x - k), x))
+    return ", ".join(str(x) for x in sorted(divs[:3]))
+
+
+def reference_table() -> list[tuple[str, str, str, str]]:
+    """(key, type, default, meaning) for every field; the README's configuration reference."""
+    import inspect
+
+    rows: list[tuple[str, str, str, str]] = []
+    for section, cls in _hints(Config).items():
+        src = inspect.getsource(cls).splitlines()
+        comments = {}
+        for line in src:
+            stripped = line.strip()
+            if ":" in stripped and "#" in stripped and not stripped.startswith(("#", '"')):
+                comments[stripped.split(":", 1)[0]] = stripped.split("#", 1)[1].strip()
+        default = cls()
+        for name, tp in _hints(cls).items():
+            value = getattr(default, name)
+            shown = "[…]" if isinstance(value, list) else json.dumps(value)
+            rows.append((f"{section}.{name}", getattr(tp, "__name__", str(tp)), shown, comments.get(name, "")))
+    return rows

@@ -1,0 +1,1 @@
+"""Token data: prepare (text -> shards + manifest), shards (the file format), reader (windows)."""

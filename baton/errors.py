@@ -1,0 +1,25 @@
+"""Errors that reach the user as one clear line (exit status 2), never as a traceback."""
+
+
+class BatonError(Exception):
+    """A problem the user can fix: bad config, bad flag, bad or missing input."""
+
+
+class ConfigError(BatonError):
+    """The configuration is invalid; the message lists every problem at once."""
+
+
+class DataError(BatonError):
+    """A shard, manifest or tokenizer is missing, corrupt or inconsistent."""
+
+
+class StoreError(BatonError):
+    """The store could not be reached, refused us, or holds something unexpected."""
+
+
+class VerificationError(StoreError):
+    """The store does not provably hold the exact bytes we pushed."""
+
+
+class ResumeError(BatonError):
+    """A checkpoint exists but cannot be resumed from; never a reason to start at step 0."""

@@ -1,0 +1,28 @@
+"""Stores, chosen by URL; remote backends are imported only when a URL names them."""
+
+from __future__ import annotations
+
+from ..errors import ConfigError
+from .base import ObjectInfo, RangeRead, Store, delete_prefix, safe_key
+
+__all__ = ["ObjectInfo", "RangeRead", "Store", "delete_prefix", "open_store", "safe_key"]
+
+
+def open_store(url: str) -> Store:
+    if url.startswith("s3://"):
+        try:
+            from .s3 import S3Store
+        except ImportError as e:
+            raise ConfigError(f"store {url.split('?')[0]} needs boto3 ({e}); pip install boto3") from None
+        return S3Store.from_url(url)
+    if url.startswith("hf://"):
+        try:
+            from .hub import HubStore
+        except ImportError as e:
+            raise ConfigError(f"store {url} needs huggingface_hub ({e}); pip install huggingface_hub") from None
+        return HubStore.from_url(url)
+    if "://" in url and not url.startswith("file://"):
+        raise ConfigError(f"store.url {url.split('://')[0]}:// is not supported (use a path, file://, s3:// or hf://)")
+    from .local import LocalStore
+
+    return LocalStore(url.removeprefix("file://"))

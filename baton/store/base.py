@@ -1,0 +1,72 @@
+"""The storage protocol: the few operations the checkpoint cycle needs, and nothing else.
+
+Keys are relative '/'-separated paths below the store's root (``<run>/ckpt/step-8/model.safetensors``).
+Every backend must report sizes and sha256 from what it *holds*, and answer ranged reads with the
+range it actually served, so the verifier can catch a short, shifted or whole-object answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from ..errors import StoreError
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    sha256: str | None  # None when the store holds no checksum for the object
+
+
+@dataclass(frozen=True)
+class RangeRead:
+    """A ranged read as served: ``status`` 206 and ``content_range`` 'bytes a-b/size' when honoured."""
+
+    data: bytes
+    status: int
+    content_range: str | None
+
+
+@runtime_checkable
+class Store(Protocol):
+    def describe(self) -> str:
+        """Where this store is, safe to print (no credentials)."""
+
+    def put_file(self, local: Path, key: str, sha256: str) -> None:
+        """Upload ``local`` to ``key``; ``sha256`` is stored with it where the backend keeps metadata."""
+
+    def list(self, prefix: str) -> dict[str, ObjectInfo]:
+        """Objects under ``prefix`` with their size and sha256 as the store reports them."""
+
+    def read_range(self, key: str, start: int, end: int) -> RangeRead:
+        """Bytes ``start..end`` inclusive, as the store served them."""
+
+    def get_file(self, key: str, local: Path) -> None:
+        """Download ``key`` to ``local``."""
+
+    def delete(self, key: str) -> None:
+        """Remove one object; removing an absent object is not an error."""
+
+    def read_text(self, key: str) -> str | None:
+        """A small text object, or None when it does not exist (any other failure raises)."""
+
+    def write_text(self, key: str, text: str) -> None:
+        """Write a small text object in one piece."""
+
+
+def safe_key(key: str) -> str:
+    """Refuse keys that could escape the store root (absolute, '..', empty parts)."""
+    if not key or key.startswith("/") or "\\" in key:
+        raise StoreError(f"refusing store key {key!r}: keys are relative '/' paths")
+    parts = key.split("/")
+    if any(p in ("", ".", "..") for p in parts[:-1]) or parts[-1] in (".", ".."):
+        raise StoreError(f"refusing store key {key!r}: it contains '.', '..' or an empty part")
+    return key
+
+
+def delete_prefix(store: Store, prefix: str) -> None:
+    for key in store.list(prefix):
+        store.delete(key)

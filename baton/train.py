@@ -1,0 +1,127 @@
+"""The training loop. Everything it calls is built beforehand by the Session; read it top to bottom.
+
+Run as ``torchrun -m baton.train --config C`` (or through ``baton train``); a single process needs no
+launcher.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from . import dist
+from .config import Config
+from .errors import BatonError
+from .schedule import lr_factor
+from .session import Session
+
+log = logging.getLogger(__name__)
+
+
+def train_step(s: Session, step: int) -> dict[str, Any]:
+    """One optimizer step over this rank's share of global batch ``step``."""
+    cfg = s.cfg
+    lr = cfg.optim.lr * lr_factor(step, s.total_steps, cfg.optim.warmup_steps, cfg.optim.decay_start)
+    for group in s.optimizer.param_groups:
+        group["lr"] = lr
+    t0 = time.perf_counter()
+    loss_sum = torch.zeros((), device=s.device)
+    for j, (x, y) in enumerate(s.micro_batches(step)):
+        with s.no_sync(last_micro=j == s.accum - 1):
+            with s.autocast():
+                logits = s.model(input_ids=x).logits
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+            s.scaler.scale(loss / s.accum).backward()
+        loss_sum += loss.detach()
+    s.scaler.unscale_(s.optimizer)
+    clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
+    grad_norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), clip)
+    loss_val = dist.mean(float(loss_sum) / s.accum, s.device)
+    finite = math.isfinite(loss_val) and math.isfinite(float(grad_norm))
+    if s.scaler.is_enabled():
+        scale = s.scaler.get_scale()
+        s.scaler.step(s.optimizer)  # skips the update itself when gradients overflowed
+        s.scaler.update()
+        skipped = s.scaler.get_scale() < scale
+    else:
+        skipped = not finite  # grad_norm is post all-reduce, so every rank takes the same branch
+        if not skipped:
+            s.optimizer.step()
+    s.optimizer.zero_grad(set_to_none=True)
+    dt = time.perf_counter() - t0
+    tokens = cfg.train.global_batch * cfg.data.seq_len
+    return {"loss": loss_val, "lr": lr, "grad_norm": float(grad_norm), "tokens_per_s": tokens / dt,
+            "step_seconds": dt, "skipped": bool(skipped)}
+
+
+def train(s: Session) -> dict[str, Any]:
+    """Train from the resumed step to the stop boundary, then hand on the baton."""
+    step, t0, start = s.step, time.perf_counter(), s.step
+    s.progress()
+    while step < s.stop_step:
+        if s.stop_requested():
+            log.info("stopping at step %d on a signal", step)
+            break
+        m = train_step(s, step)
+        track_nonfinite(s, m, step)
+        step += 1
+        s.record(step, m)
+        if s.checkpoint_due(step):
+            s.checkpoint(step)
+    elapsed = time.perf_counter() - t0
+    if step > start:  # a session that trained anything ends with a verified checkpoint
+        s.checkpoint(step)
+    if step == s.total_steps:
+        s.finish()
+    tokens = (step - start) * s.cfg.train.global_batch * s.cfg.data.seq_len
+    summary = s.summary(tokens / elapsed if elapsed > 0 and tokens else 0.0)
+    s.write_summary(summary)
+    log.info("TRAIN DONE step=%d/%d tokens_consumed=%s", step, s.total_steps, f"{summary['tokens_consumed']:,}")
+    return summary
+
+
+def track_nonfinite(s: Session, m: dict[str, Any], step: int) -> None:
+    if not m["skipped"]:
+        s.stats.consecutive_nonfinite = 0
+        return
+    s.stats.nonfinite_skips += 1
+    s.stats.consecutive_nonfinite += 1
+    log.warning("step %d skipped: non-finite loss or gradient (loss=%s, grad_norm=%s); %d in a row",
+                step, m["loss"], m["grad_norm"], s.stats.consecutive_nonfinite)
+    if s.stats.consecutive_nonfinite >= s.cfg.train.max_nonfinite:
+        raise BatonError(
+            f"{s.stats.consecutive_nonfinite} consecutive steps had non-finite loss or gradients (last at step "
+            f"{step}); stopping. The pointer still names the last verified checkpoint; lower optim.lr or "
+            "check the data, then resume"
+        )
+
+
+def run(cfg: Config, resume: str = "auto", stop_after: int | None = None, progress: bool = True) -> dict[str, Any]:
+    s = Session(cfg, resume=resume, stop_after=stop_after, progress=progress)
+    try:
+        if s.complete_pointer is not None:
+            p = s.complete_pointer
+            log.info("run %r is complete in %s: step %d/%d, val_loss %s; final model at %s/final. Nothing to do.",
+                     s.run, s.store.describe(), p["step"], s.total_steps,
+                     f"{p['val_loss']:.4f}" if isinstance(p.get("val_loss"), float) else "n/a", s.run)
+            return {"complete": True, "steps_done": p["step"], "total_steps": s.total_steps}
+        return train(s)
+    finally:
+        s.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for torchrun: ``torchrun --nproc-per-node N -m baton.train <train flags>``."""
+    from .cli import main as cli_main
+
+    return cli_main(["train", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
