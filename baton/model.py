@@ -59,7 +59,14 @@ def build_model(m: ModelConfig, device: str | torch.device = "cpu", seed: int | 
         model = LlamaForCausalLM(hf_config(m))
     model.to(torch.float32)
     if m.grad_ckpt:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # transformers 5 renamed the switch; accept both so a minor upgrade cannot silently drop it.
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        on = getattr(model, "is_activation_checkpointing", None)
+        if not (on if on is not None else model.is_gradient_checkpointing):
+            raise RuntimeError("activation checkpointing was requested but transformers did not enable it")
     return model
 
 

@@ -1,0 +1,28 @@
+# Two commands do all the set-up on a fresh machine with Python >= 3.10:
+#   make demo   install, then prepare + train + sample the embedded default (configs/tiny.toml)
+#   make test   install, then run the test suite
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test install bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/baton prepare --config configs/tiny.toml
+	$(BIN)/baton train --config configs/tiny.toml
+	$(BIN)/baton sample --from runs/tiny/final --prompt "def " --max-new-tokens 48
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf runs store data/tiny

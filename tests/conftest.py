@@ -1,0 +1,58 @@
+"""Shared fixtures: a small prepared corpus (made once per session) and configs that point into tmp dirs.
+
+The corpus is real: the first few hundred KB of the running Python's standard library, tokenized by a
+freshly trained byte-level BPE, written by `baton prepare` like any user's data.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from helpers import write_config  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def prepared_data(tmp_path_factory) -> Path:
+    """A prepared data folder shared by every test (read-only by convention)."""
+    base = tmp_path_factory.mktemp("data")
+    cfg = write_config(base / "prep.toml", data_dir=base / "corpus", store=base / "store", runs=base / "runs")
+    from baton.config import load_config
+    from baton.data.prepare import prepare
+
+    prepare(load_config(cfg), progress=False)
+    return base / "corpus"
+
+
+@pytest.fixture
+def make_config(tmp_path, prepared_data):
+    """make_config(name, store, run_name) -> path of a TOML config using the shared data, a tmp store and tmp runs."""
+
+    def make(name: str = "cfg.toml", store: str | Path | None = None, run_name: str = "test") -> Path:
+        return write_config(tmp_path / name, data_dir=prepared_data, store=store or tmp_path / "store",
+                            runs=tmp_path / "runs", run_name=run_name)
+
+    return make
+
+
+@pytest.fixture
+def baton_cli():
+    """Run the real `baton` command in a subprocess; returns CompletedProcess."""
+
+    def run(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600, check: bool = False):
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        p = subprocess.run([sys.executable, "-m", "baton.cli", *args], cwd=cwd or ROOT, env=full_env,
+                           capture_output=True, text=True, timeout=timeout)
+        if check and p.returncode != 0:
+            raise AssertionError(f"baton {' '.join(args)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
+        return p
+
+    return run
+
