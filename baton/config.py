@@ -85,7 +85,7 @@ class OptimConfig:
 class TrainConfig:
     """The horizon, batch geometry, precision and cadence."""
 
-    steps: int = 0  # horizon in optimizer steps (or set target_tokens)
+    steps: int = 1000  # horizon in optimizer steps (set 0 to use target_tokens)
     target_tokens: int = 0  # horizon in tokens; steps = target_tokens // tokens_per_step
     micro_batch: int = 4  # samples per rank per forward/backward
     global_batch: int = 16  # samples per optimizer step over all ranks (accumulation is derived)
@@ -339,7 +339,7 @@ def _semantic_problems(cfg: Config) -> list[str]:
             )
     if t.steps is not None and t.target_tokens is not None:
         if (t.steps > 0) == (t.target_tokens > 0):
-            p.append("set exactly one of train.steps and train.target_tokens (the other must be 0)")
+            p.append("set exactly one of train.steps and train.target_tokens (set train.steps = 0 to use target_tokens)")
         elif t.steps < 0 or t.target_tokens < 0:
             p.append("train.steps and train.target_tokens must be >= 0")
         elif t.target_tokens and d.seq_len and t.global_batch and cfg.total_steps == 0:
