@@ -1,0 +1,31 @@
+"""The embedded default, exactly as `make demo` runs it: real config, real corpus, full horizon."""
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_tiny_default_trains_to_a_useful_loss_and_a_rerun_finds_it_complete(tmp_path, baton_cli):
+    (tmp_path / "configs").mkdir()
+    shutil.copy(ROOT / "configs" / "tiny.toml", tmp_path / "configs" / "tiny.toml")
+    baton_cli("prepare", "-c", "configs/tiny.toml", "--no-progress", cwd=tmp_path, check=True)
+    first = baton_cli("train", "-c", "configs/tiny.toml", "--no-progress", cwd=tmp_path, check=True)
+    assert "starting run 'tiny' at step 0" in first.stderr
+
+    summary = json.loads((tmp_path / "runs" / "tiny" / "run_summary.json").read_text())
+    vocab = json.loads((tmp_path / "data" / "tiny" / "manifest.json").read_text())["tokenizer"]["vocab_size"]
+    assert summary["steps_done"] == summary["total_steps"] == 200
+    assert summary["val_loss"] <= math.log(vocab) - 2.0, summary["val_loss"]
+    pointer = json.loads((tmp_path / "store" / "tiny" / "latest.json").read_text())
+    assert pointer["complete"] and pointer["step"] == 200 and pointer["final"]["path"] == "final"
+
+    again = baton_cli("train", "-c", "configs/tiny.toml", "--no-progress", cwd=tmp_path, check=True)
+    assert "is complete" in again.stderr and "Nothing to do" in again.stderr
+    assert "train tiny" not in again.stderr  # no training progress at all
+    assert json.loads((tmp_path / "runs" / "tiny" / "run_summary.json").read_text()) == summary
