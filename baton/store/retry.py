@@ -1,0 +1,72 @@
+"""Bounded retries for store calls: transient faults are retried with backoff, permanent ones stop at once.
+
+Each backend classifies its own exceptions (a dropped connection, a timeout, 429 and 5xx are transient; a
+missing bucket or repository, 401 and 403 are permanent) into ``Transient`` or a ``StoreError`` carrying
+the fix; ``call`` does the rest. The bound is on both the number of attempts and the wall time, so a
+store that is down ends the push in minutes, not hours.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable, TypeVar
+
+from ..errors import StoreError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Transient(Exception):
+    """A failure worth another try (the message is safe to print: no credentials)."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 6  # tries in all, the first included
+    max_seconds: float = 300.0  # no new attempt starts after this much time has passed
+    base: float = 1.0  # first backoff in seconds; doubles each attempt
+    cap: float = 30.0  # longest single backoff
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        # "Full jitter": uniform in [0, base * 2**attempt], so many clients retrying do not stampede.
+        return rng.uniform(0, min(self.cap, self.base * (2 ** attempt)))
+
+
+def call(fn: Callable[[], T], what: str, where: str, classify: Callable[[Exception], Exception],
+         policy: RetryPolicy, rng: random.Random | None = None) -> T:
+    """Run ``fn``; ``classify`` maps its exception to ``Transient`` (retry), a StoreError whose message is
+    the cause and what to check (raised at once, prefixed with the operation and the store), or anything
+    else (re-raised as it was: a bug, not a store fault).
+
+    ``what`` names the operation and ``where`` the store (as ``describe()`` prints it) in the final error.
+    """
+    rng = rng or random.Random()
+    t0 = time.monotonic()
+    attempt = 0
+    while True:
+        try:
+            return fn()
+        except StoreError:
+            raise
+        except Exception as e:  # noqa: BLE001 - every exception is classified, none is swallowed
+            err = classify(e)
+            if isinstance(err, StoreError):
+                raise type(err)(f"{what} failed in {where}: {err}") from None
+            if not isinstance(err, Transient):
+                raise
+            attempt += 1
+            elapsed = time.monotonic() - t0
+            wait = policy.delay(attempt - 1, rng)
+            if attempt >= policy.attempts or elapsed + wait > policy.max_seconds:
+                raise StoreError(
+                    f"{what} failed in {where} after {attempt} attempt(s) over {elapsed:.1f}s: {err} "
+                    "(the store looks down or unreachable; check the endpoint and network, then rerun; "
+                    "store.retries and store.retry_seconds bound the retrying)"
+                ) from None
+            log.warning("%s in %s failed (%s); retry %d/%d in %.1fs", what, where, err, attempt,
+                        policy.attempts - 1, wait)
+            time.sleep(wait)

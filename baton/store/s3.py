@@ -1,0 +1,295 @@
+"""S3-compatible object stores (AWS S3, Cloudflare R2, MinIO, Backblaze B2, GCS interoperability) via boto3.
+
+``s3://bucket/prefix`` with an optional ``?endpoint=https://host`` (else AWS_ENDPOINT_URL_S3 /
+AWS_ENDPOINT_URL, else AWS itself) and ``&region=``. Credentials come only from boto3's own chain
+(environment, ~/.aws, instance roles); a URL carrying credentials is refused, and every message this
+module produces is scrubbed of the resolved keys.
+
+What S3 lists as an object's sha256: S3 keeps no sha256 of its own for every object, so baton writes the
+file's sha256 as user metadata ``x-amz-meta-sha256`` and also sends it as ``x-amz-checksum-sha256``,
+which AWS, MinIO and R2 check against the body (a mismatch is refused as BadDigest). Some compatible
+servers store that header without checking it, so neither is trusted alone: when the service returns a
+full-object SHA-256 of its own that disagrees with the metadata, the listing reports the service's value
+(and verification fails); the ranged read-backs compare real bytes either way.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import boto3
+import botocore.exceptions as bx
+from botocore.config import Config
+
+from ..errors import ConfigError, StoreError
+from .base import ObjectInfo, RangeRead, safe_key
+from .retry import RetryPolicy, Transient, call
+
+MULTIPART_THRESHOLD = 1 << 30  # single PUTs stop at 5 GiB; parts also make a retry cheaper
+PART_SIZE = 128 << 20
+META_KEY = "sha256"
+TRANSIENT_CODES = {"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "Throttling",
+                   "ThrottlingException", "RequestTimeTooSkewed", "BadDigest", "XAmzContentSHA256Mismatch",
+                   "IncompleteBody", "OperationAborted"}
+AUTH_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken", "TokenRefreshRequired",
+              "AuthorizationHeaderMalformed", "InvalidSecurity"}
+
+
+def _b64_to_hex(value: str) -> str | None:
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (ValueError, TypeError):
+        return None
+    return raw.hex() if len(raw) == 32 else None
+
+
+class S3Store:
+    def __init__(self, bucket: str, prefix: str = "", endpoint: str | None = None, region: str | None = None,
+                 retry: RetryPolicy | None = None, send_checksum: bool = True):
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.endpoint = endpoint
+        self.retry = retry or RetryPolicy()
+        self.send_checksum = send_checksum
+        self.multipart_threshold = MULTIPART_THRESHOLD
+        self.part_size = PART_SIZE
+        session = boto3.session.Session()
+        region = region or session.region_name or "us-east-1"
+        config = Config(
+            retries={"total_max_attempts": 1},  # retrying is ours: bounded, classified, logged
+            connect_timeout=10, read_timeout=120,
+            # Custom endpoints (MinIO, R2, a test server) want path-style addressing.
+            s3={"addressing_style": "path" if endpoint else "auto"},
+            # No CRC trailers or aws-chunked bodies: several compatible servers reject them. We send our own
+            # SHA-256 header instead.
+            request_checksum_calculation="when_required", response_checksum_validation="when_required",
+        )
+        self.client = session.client("s3", endpoint_url=endpoint, region_name=region, config=config)
+        creds = session.get_credentials()
+        frozen = creds.get_frozen_credentials() if creds is not None else None
+        self._secrets = [s for s in (getattr(frozen, "access_key", None), getattr(frozen, "secret_key", None),
+                                     getattr(frozen, "token", None)) if s and len(s) >= 8]
+
+    @classmethod
+    def from_url(cls, url: str, retry: RetryPolicy | None = None) -> "S3Store":
+        parts = urlsplit(url)
+        if parts.username or parts.password or "@" in parts.netloc:
+            raise ConfigError("store.url must not carry credentials; set AWS_ACCESS_KEY_ID / "
+                              "AWS_SECRET_ACCESS_KEY or a profile in ~/.aws instead")
+        if not parts.netloc:
+            raise ConfigError(f"store.url {url.split('?')[0]!r} names no bucket (use s3://bucket/prefix)")
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        unknown = sorted(set(query) - {"endpoint", "region", "checksum"})
+        if unknown:
+            raise ConfigError(f"store.url has unknown option(s) {', '.join(unknown)} (known: endpoint, region, "
+                              "checksum)")
+        endpoint = query.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        if endpoint:
+            ep = urlsplit(endpoint)
+            if ep.scheme not in ("http", "https") or not ep.hostname:
+                raise ConfigError(f"S3 endpoint {endpoint!r} is not an http(s) URL")
+            if ep.username or ep.password:
+                raise ConfigError("the S3 endpoint must not carry credentials; use the AWS environment variables")
+        send = query.get("checksum", "sha256") not in ("off", "0", "false", "none")
+        return cls(parts.netloc, parts.path, endpoint or None, query.get("region"), retry, send)
+
+    # ---------------------------------------------------------------------------------- helpers
+    def describe(self) -> str:
+        where = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
+        return f"S3 store {where}" + (f" (endpoint {self.endpoint})" if self.endpoint else "")
+
+    def _key(self, key: str) -> str:
+        safe_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _scrub(self, text: str) -> str:
+        for s in self._secrets:
+            text = text.replace(s, "***")
+        return text
+
+    def _classify(self, e: Exception) -> Exception:
+        if isinstance(e, bx.ClientError):
+            err = e.response.get("Error", {})
+            code = str(err.get("Code", ""))
+            status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+            if code in TRANSIENT_CODES or status == 429 or status >= 500:
+                return Transient(f"HTTP {status} {code}".strip())
+            if code == "NoSuchBucket":
+                return StoreError(f"bucket {self.bucket!r} does not exist (check the bucket name in store.url, "
+                                  "the endpoint and the region)")
+            if code in AUTH_CODES or status == 401:
+                return StoreError(f"the S3 credentials were rejected (HTTP {status} {code}): check "
+                                  "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE or ~/.aws/credentials")
+            if code == "AccessDenied" or status == 403:
+                return StoreError(f"access denied (HTTP {status}): check that the credentials may read, write and "
+                                  f"delete in s3://{self.bucket}/{self.prefix}")
+            return StoreError(self._scrub(f"HTTP {status} {code}: {err.get('Message', '')}".strip()))
+        if isinstance(e, (bx.NoCredentialsError, bx.PartialCredentialsError, bx.CredentialRetrievalError)):
+            return StoreError("no usable S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
+                              "AWS_PROFILE / ~/.aws/credentials")
+        if isinstance(e, (bx.ConnectionError, bx.HTTPClientError, bx.IncompleteReadError, ConnectionError,
+                          TimeoutError, OSError)):
+            return Transient(self._scrub(f"{type(e).__name__}: {e}"))
+        return e
+
+    def _call(self, fn, what: str):
+        return call(fn, what, self.describe(), self._classify, self.retry)
+
+    def _put_args(self, sha256: str) -> dict:
+        args = {"Metadata": {META_KEY: sha256}}
+        if self.send_checksum:
+            args["ChecksumSHA256"] = base64.b64encode(bytes.fromhex(sha256)).decode()
+        return args
+
+    # ------------------------------------------------------------------------------- protocol
+    def put_file(self, local: Path, key: str, sha256: str) -> None:
+        size = local.stat().st_size
+        if size > self.multipart_threshold:
+            self._put_multipart(local, key, sha256, size)
+            return
+
+        def put() -> None:
+            with open(local, "rb") as f:
+                self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=f, ContentLength=size,
+                                       **self._put_args(sha256))
+
+        self._call(put, f"upload of {key}")
+
+    def _put_multipart(self, local: Path, key: str, sha256: str, size: int) -> None:
+        import hashlib
+
+        k = self._key(key)
+        part_size = max(self.part_size, -(-size // 9000))  # S3 allows at most 10,000 parts
+        extra = {"ChecksumAlgorithm": "SHA256"} if self.send_checksum else {}
+        upload = self._call(lambda: self.client.create_multipart_upload(
+            Bucket=self.bucket, Key=k, Metadata={META_KEY: sha256}, **extra), f"multipart start of {key}")
+        uid = upload["UploadId"]
+        parts = []
+        try:
+            with open(local, "rb") as f:
+                for n, offset in enumerate(range(0, size, part_size), start=1):
+                    f.seek(offset)
+                    data = f.read(part_size)
+                    args = {}
+                    if self.send_checksum:
+                        args["ChecksumSHA256"] = base64.b64encode(hashlib.sha256(data).digest()).decode()
+                    r = self._call(lambda: self.client.upload_part(Bucket=self.bucket, Key=k, UploadId=uid,
+                                                                   PartNumber=n, Body=data, **args),
+                                   f"upload of {key} part {n}")
+                    parts.append({"PartNumber": n, "ETag": r["ETag"], **args})
+            self._call(lambda: self.client.complete_multipart_upload(
+                Bucket=self.bucket, Key=k, UploadId=uid, MultipartUpload={"Parts": parts}),
+                f"multipart completion of {key}")
+        except BaseException:
+            try:  # an abandoned upload costs storage until a lifecycle rule removes it
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=k, UploadId=uid)
+            except Exception:  # noqa: BLE001 - the original failure is the one to report
+                pass
+            raise
+
+    def list(self, prefix: str, checksums: bool = True) -> dict[str, ObjectInfo]:
+        full = self._key(prefix) if prefix else (self.prefix + "/" if self.prefix else "")
+        if prefix.endswith("/") and not full.endswith("/"):
+            full += "/"
+        cut = len(self.prefix) + 1 if self.prefix else 0
+
+        def scan() -> list[tuple[str, int]]:
+            found = []
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
+                for obj in page.get("Contents", []):
+                    found.append((obj["Key"], int(obj["Size"])))
+            return found
+
+        out: dict[str, ObjectInfo] = {}
+        for full_key, size in self._call(scan, f"listing of {prefix or '/'}"):
+            key = full_key[cut:]
+            if not checksums:
+                out[key] = ObjectInfo(key, size, None)
+                continue
+            head = self._call(lambda: self.client.head_object(Bucket=self.bucket, Key=full_key,
+                                                              ChecksumMode="ENABLED"), f"head of {key}")
+            meta = (head.get("Metadata") or {}).get(META_KEY)
+            service = head.get("ChecksumSHA256")
+            service_hex = _b64_to_hex(service) if service and "-" not in service else None
+            if service_hex and meta and service_hex != meta:
+                sha, source = service_hex, "service x-amz-checksum-sha256, which differs from x-amz-meta-sha256"
+            elif service_hex and meta:
+                sha, source = meta, "x-amz-meta-sha256, equal to the service's x-amz-checksum-sha256"
+            elif meta:
+                sha, source = meta, "x-amz-meta-sha256 written by baton (the service keeps no full-object sha256)"
+            else:
+                sha, source = service_hex, "service x-amz-checksum-sha256" if service_hex else ""
+            out[key] = ObjectInfo(key, int(head.get("ContentLength", size)), sha, source)
+        return out
+
+    def read_range(self, key: str, start: int, end: int) -> RangeRead:
+        def read() -> RangeRead:
+            try:
+                r = self.client.get_object(Bucket=self.bucket, Key=self._key(key), Range=f"bytes={start}-{end}")
+            except bx.ClientError as e:
+                if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                    raise StoreError(f"{key} not found in {self.describe()}") from None
+                raise
+            data = r["Body"].read()
+            return RangeRead(data, int(r["ResponseMetadata"]["HTTPStatusCode"]), r.get("ContentRange"))
+
+        return self._call(read, f"ranged read of {key}")
+
+    def get_file(self, key: str, local: Path) -> None:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(local.name + ".partial")
+
+        def get() -> None:
+            try:
+                r = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            except bx.ClientError as e:
+                if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                    raise StoreError(f"{key} not found in {self.describe()}") from None
+                raise
+            with open(tmp, "wb") as f:
+                for chunk in r["Body"].iter_chunks(8 << 20):
+                    f.write(chunk)
+            os.replace(tmp, local)
+
+        try:
+            self._call(get, f"download of {key}")
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def delete(self, key: str) -> None:
+        self._call(lambda: self.client.delete_object(Bucket=self.bucket, Key=self._key(key)), f"delete of {key}")
+
+    def delete_many(self, keys: list[str]) -> None:
+        for i in range(0, len(keys), 1000):
+            chunk = [{"Key": self._key(k)} for k in keys[i : i + 1000]]
+            r = self._call(lambda: self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": chunk}),
+                           f"delete of {len(chunk)} objects")
+            if r.get("Errors"):
+                e = r["Errors"][0]
+                raise StoreError(f"could not delete {e.get('Key')} in {self.describe()}: {e.get('Code')}")
+
+    def read_text(self, key: str) -> str | None:
+        def read() -> str | None:
+            try:
+                r = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            except bx.ClientError as e:
+                if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                    return None
+                raise
+            return r["Body"].read().decode("utf-8")
+
+        try:
+            return self._call(read, f"read of {key}")
+        except UnicodeDecodeError as e:
+            raise StoreError(f"{key} in {self.describe()} is not UTF-8 text ({e.reason})") from None
+
+    def write_text(self, key: str, text: str) -> None:
+        import hashlib
+
+        data = text.encode("utf-8")
+        args = self._put_args(hashlib.sha256(data).hexdigest())
+        self._call(lambda: self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **args),
+                   f"write of {key}")
