@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..errors import StoreError, VerificationError
+from ..errors import VerificationError
 from ..hashing import sha256_file
-from ..store import Store
+from ..store import Store, delete_keys, put_files
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,7 @@ def verify_remote(store: Store, prefix: str, files: dict[str, dict[str, Any]], l
             problems.append(f"{name}: store lists no sha256")
         elif got.sha256 != want["sha256"]:
             problems.append(f"{name}: store lists sha256 {got.sha256[:12]}…, pushed {want['sha256'][:12]}…")
+    sources = sorted({listing[f"{prefix}/{n}"].source for n in files if f"{prefix}/{n}" in listing} - {""})
     for name, want in files.items():
         if any(p.startswith(f"{name}:") for p in problems):
             continue
@@ -90,6 +91,8 @@ def verify_remote(store: Store, prefix: str, files: dict[str, dict[str, Any]], l
         raise VerificationError(
             f"checkpoint {prefix} failed verification in {store.describe()}: " + "; ".join(problems)
         )
+    log.info("verified %s: %d files, sizes and sha256 (%s) and %s read-back", prefix, len(files),
+             "; ".join(sources) or "no source", "full" if mode == "full" else "windowed")
 
 
 def read_windows(size: int, mode: str, rng: random.Random) -> list[tuple[int, int]]:
@@ -148,8 +151,7 @@ def push_folder(store: Store, local: Path, prefix: str, mode: str) -> tuple[dict
     t0 = time.perf_counter()
     files = local_manifest(local)
     t1 = time.perf_counter()
-    for name, info in files.items():
-        store.put_file(local / name, f"{prefix}/{name}", info["sha256"])
+    put_files(store, [(local / name, f"{prefix}/{name}", info["sha256"]) for name, info in files.items()])
     t2 = time.perf_counter()
     verify_remote(store, prefix, files, local, mode)
     t3 = time.perf_counter()
@@ -163,20 +165,48 @@ def push_checkpoint(store: Store, run: str, local: Path, step: int, cursor: dict
     path = ckpt_path(step)
     files, timings = push_folder(store, local, f"{run}/{path}", mode)
     t = time.perf_counter()
-    write_pointer(store, run, make_pointer(run, step, path, files, cursor, complete, extra))
+    prev = _previous_history(store, run)
+    history = [h for h in prev or [] if h != path] + [path]
+    write_pointer(store, run, make_pointer(run, step, path, files, cursor, complete,
+                                           {"verified": history[-max(keep_last, 1):], **(extra or {})}))
     timings["pointer"] = time.perf_counter() - t
     # Verified and committed: now, and only now, the local copy may go.
-    shutil.rmtree(local)
-    apply_retention(store, run, keep_last, current=path)
+    try:
+        shutil.rmtree(local)
+    except OSError as e:
+        log.warning("checkpoint step %d is verified, but its local copy %s could not be removed (%s)", step, local, e)
+    apply_retention(store, run, keep_last, current=path, verified=history if prev is not None else None)
     seconds = time.perf_counter() - t0
     log.info("checkpoint step %d pushed and verified in %.1fs (%s)", step, seconds, store.describe())
     return PushResult(step, path, files, seconds, True, timings)
 
 
-def apply_retention(store: Store, run: str, keep_last: int, current: str) -> list[str]:
-    """Delete verified checkpoints beyond the newest ``keep_last``. Failures are logged, not fatal."""
+def _previous_history(store: Store, run: str) -> list[str] | None:
+    """The verified checkpoints the current pointer remembers; None when that is unknown."""
     try:
-        keys = store.list(f"{run}/ckpt/")
+        text = store.read_text(f"{run}/{POINTER}")
+        old = json.loads(text) if text else {}
+    except Exception as e:  # noqa: BLE001 - retention then falls back to step order
+        log.warning("could not read the previous pointer of %s (%s); retention goes by step order", run, e)
+        return None
+    if not old:
+        return None
+    hist = old.get("verified") if isinstance(old, dict) else None
+    if not isinstance(hist, list):
+        hist = [old["path"]] if isinstance(old, dict) and isinstance(old.get("path"), str) else []
+    return [h for h in hist if isinstance(h, str)]
+
+
+def apply_retention(store: Store, run: str, keep_last: int, current: str, verified: list[str] | None = None) -> list[str]:
+    """Delete checkpoints up to ``current`` beyond the newest ``keep_last`` verified ones. Failures are
+    logged, not fatal.
+
+    ``verified`` lists checkpoint paths known verified (the pointer's history, ``current`` last). Folders
+    at or below the current step that are not among the kept verified ones (an upload cut short by a
+    kill, a failed verification) are removed too; folders above it are left alone.
+    """
+    try:
+        keys = store.list(f"{run}/ckpt/", checksums=False)
     except Exception as e:
         log.warning("retention skipped: could not list %s/ckpt/ (%s)", run, e)
         return []
@@ -186,15 +216,18 @@ def apply_retention(store: Store, run: str, keep_last: int, current: str) -> lis
         if len(parts) >= 3 and parts[1].startswith("step-") and parts[1][5:].isdigit():
             steps.setdefault(int(parts[1][5:]), []).append(key)
     current_step = int(current.rsplit("-", 1)[1])
-    kept = sorted((s for s in steps if s <= current_step), reverse=True)[:keep_last]
+    if verified:
+        kept = {current_step} | {int(h.rsplit("-", 1)[1]) for h in verified[-keep_last:]
+                                 if h.startswith("ckpt/step-") and h.rsplit("-", 1)[1].isdigit()}
+    else:
+        kept = set(sorted((s for s in steps if s <= current_step), reverse=True)[:keep_last])
     removed = []
     for s, ks in sorted(steps.items()):
         if s in kept or s > current_step:
             continue
         try:
-            for k in ks:
-                store.delete(k)
+            delete_keys(store, sorted(ks))
             removed.append(ckpt_path(s))
-        except (StoreError, OSError) as e:
+        except Exception as e:  # noqa: BLE001 - the new checkpoint is committed; a leftover costs only space
             log.warning("could not delete old checkpoint %s/%s (%s); it stays in the store", run, ckpt_path(s), e)
     return removed

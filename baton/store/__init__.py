@@ -3,26 +3,29 @@
 from __future__ import annotations
 
 from ..errors import ConfigError
-from .base import ObjectInfo, RangeRead, Store, delete_prefix, safe_key
+from .base import ObjectInfo, RangeRead, Store, delete_keys, delete_prefix, put_files, safe_key
+from .retry import RetryPolicy
 
-__all__ = ["ObjectInfo", "RangeRead", "Store", "delete_prefix", "open_store", "safe_key"]
+__all__ = ["ObjectInfo", "RangeRead", "RetryPolicy", "Store", "delete_keys", "delete_prefix", "open_store",
+           "put_files", "safe_key"]
 
 
-def open_store(url: str) -> Store:
+def open_store(url: str, retry: RetryPolicy | None = None) -> Store:
+    """The backend the URL names; remote ones are imported here, only when used."""
     if url.startswith("s3://"):
         try:
             from .s3 import S3Store
         except ImportError as e:
             raise ConfigError(f"store {url.split('?')[0]} needs boto3 ({e}); pip install boto3") from None
-        return S3Store.from_url(url)
+        return S3Store.from_url(url, retry)
     if url.startswith("hf://"):
         try:
             from .hub import HubStore
         except ImportError as e:
             raise ConfigError(f"store {url} needs huggingface_hub ({e}); pip install huggingface_hub") from None
-        return HubStore.from_url(url)
+        return HubStore.from_url(url, retry)
     if "://" in url and not url.startswith("file://"):
         raise ConfigError(f"store.url {url.split('://')[0]}:// is not supported (use a path, file://, s3:// or hf://)")
     from .local import LocalStore
 
-    return LocalStore(url.removeprefix("file://"))
+    return LocalStore(url.removeprefix("file://"), retry)

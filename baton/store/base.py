@@ -19,6 +19,7 @@ class ObjectInfo:
     key: str
     size: int
     sha256: str | None  # None when the store holds no checksum for the object
+    source: str = ""  # where the sha256 came from (rehashed bytes, object metadata, a service checksum)
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,12 @@ class Store(Protocol):
     def put_file(self, local: Path, key: str, sha256: str) -> None:
         """Upload ``local`` to ``key``; ``sha256`` is stored with it where the backend keeps metadata."""
 
-    def list(self, prefix: str) -> dict[str, ObjectInfo]:
-        """Objects under ``prefix`` with their size and sha256 as the store reports them."""
+    def list(self, prefix: str, checksums: bool = True) -> dict[str, ObjectInfo]:
+        """Objects under ``prefix`` with their size and sha256 as the store reports them.
+
+        ``checksums=False`` may leave sha256 as None: for callers that need only keys (retention), since
+        some backends pay a request or a rehash per object for the checksum.
+        """
 
     def read_range(self, key: str, start: int, end: int) -> RangeRead:
         """Bytes ``start..end`` inclusive, as the store served them."""
@@ -67,6 +72,25 @@ def safe_key(key: str) -> str:
     return key
 
 
-def delete_prefix(store: Store, prefix: str) -> None:
-    for key in store.list(prefix):
+def put_files(store: Store, items: list[tuple[Path, str, str]]) -> None:
+    """Upload (local, key, sha256) items; one commit where the backend has commits (the Hub)."""
+    batch = getattr(store, "put_files", None)
+    if batch is not None:
+        batch(items)
+        return
+    for local, key, sha in items:
+        store.put_file(local, key, sha)
+
+
+def delete_keys(store: Store, keys: list[str]) -> None:
+    """Delete several objects; one commit where the backend has commits."""
+    batch = getattr(store, "delete_many", None)
+    if batch is not None:
+        batch(keys)
+        return
+    for key in keys:
         store.delete(key)
+
+
+def delete_prefix(store: Store, prefix: str) -> None:
+    delete_keys(store, sorted(store.list(prefix, checksums=False)))

@@ -1,7 +1,9 @@
 """A local directory as the store: the default, and the floor every remote backend is measured against.
 
 It keeps no checksums of its own, so listing rehashes the stored bytes: the sha256 it reports is a
-statement about what is on disk now, not about what we meant to write.
+statement about what is on disk now, not about what we meant to write. A store folder on a network mount
+can go away and come back (EIO, ESTALE, a vanished root); those errors are retried like a dropped
+connection, anything else (a full disk, a read-only folder) stops at once.
 """
 
 from __future__ import annotations
@@ -9,16 +11,26 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..errors import StoreError
 from ..hashing import sha256_file
 from .base import ObjectInfo, RangeRead, safe_key
+from .retry import RetryPolicy, Transient, call
+
+# errno values a mount that is flapping or gone produces; everything else is a property of the folder.
+TRANSIENT_ERRNOS = {errno.EIO, errno.ESTALE, errno.ETIMEDOUT, errno.EAGAIN, errno.EBUSY, errno.ENOTCONN,
+                    errno.EHOSTDOWN, errno.EHOSTUNREACH, errno.ECONNRESET, errno.ECONNABORTED}
+HASH_THREADS = 2  # hashlib releases the GIL, so files of one checkpoint hash in parallel
 
 
 class LocalStore:
-    def __init__(self, root: str | Path):
-        self.root = Path(root).expanduser().resolve()
+    def __init__(self, root: str | Path, retry: RetryPolicy | None = None):
+        # Not resolved: a store reached through a symlink (a mount point) must keep following it.
+        self.root = Path(os.path.abspath(Path(root).expanduser()))
+        self.retry = retry or RetryPolicy()
+        self._root_seen = self.root.is_dir()
 
     def describe(self) -> str:
         return f"local store {self.root}"
@@ -26,82 +38,150 @@ class LocalStore:
     def _path(self, key: str) -> Path:
         return self.root / safe_key(key)
 
+    def _call(self, fn, what: str):
+        return call(fn, what, self.describe(), self._classify, self.retry)
+
+    def _check_root(self) -> None:
+        # A root that existed and vanished is a mount that went away: creating it afresh would write
+        # the checkpoint onto the wrong disk, so it is reported (and retried) instead.
+        if self.root.is_dir():
+            self._root_seen = True
+        elif self._root_seen:
+            raise FileNotFoundError(errno.ENOENT, "the store folder disappeared (unmounted?)", str(self.root))
+
+    def _classify(self, e: Exception) -> Exception:
+        if isinstance(e, OSError) and (e.errno in TRANSIENT_ERRNOS or
+                                       (e.errno == errno.ENOENT and self._root_seen and not self.root.is_dir())):
+            return Transient(e.strerror or str(e))
+        if isinstance(e, OSError):
+            hint = " (the store's disk is full)" if e.errno == errno.ENOSPC else ""
+            return StoreError(f"{e.strerror or e}{hint}")
+        return e
+
     def put_file(self, local: Path, key: str, sha256: str) -> None:
         dst = self._path(key)
         tmp = dst.with_name(dst.name + ".partial")
-        try:
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            with open(local, "rb") as src, open(tmp, "wb") as out:
-                shutil.copyfileobj(src, out, 8 << 20)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, dst)
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            hint = " (the store's disk is full)" if e.errno == errno.ENOSPC else ""
-            raise StoreError(f"could not write {key} to {self.describe()}: {e.strerror or e}{hint}") from None
 
-    def list(self, prefix: str) -> dict[str, ObjectInfo]:
-        base = self.root / prefix if prefix else self.root
-        start = base if base.is_dir() else base.parent
-        out: dict[str, ObjectInfo] = {}
-        if not start.is_dir():
-            return out
-        for p in sorted(start.rglob("*")):
-            if not p.is_file() or p.name.endswith(".partial"):
-                continue
-            key = p.relative_to(self.root).as_posix()
-            if key.startswith(prefix):
-                out[key] = ObjectInfo(key, p.stat().st_size, sha256_file(p))
-        return out
+        def put() -> None:
+            self._check_root()
+            try:
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                with open(local, "rb") as src, open(tmp, "wb") as out:
+                    shutil.copyfileobj(src, out, 8 << 20)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(tmp, dst)
+            except BaseException:
+                try:
+                    tmp.unlink(missing_ok=True)
+                except OSError:
+                    pass
+                raise
+            self._root_seen = True
+
+        self._call(put, f"upload of {key}")
+
+    def list(self, prefix: str, checksums: bool = True) -> dict[str, ObjectInfo]:
+        def scan() -> list[tuple[str, Path, int]]:
+            self._check_root()
+            base = self.root / prefix if prefix else self.root
+            start = base if base.is_dir() else base.parent
+            if not start.is_dir():
+                return []
+            found = []
+            for p in sorted(start.rglob("*")):
+                if not p.is_file() or p.name.endswith(".partial"):
+                    continue
+                key = p.relative_to(self.root).as_posix()
+                if key.startswith(prefix):
+                    found.append((key, p, p.stat().st_size))
+            return found
+
+        found = self._call(scan, f"listing of {prefix or '/'}")
+        shas: list[str | None] = [None] * len(found)
+        if checksums and found:
+            with ThreadPoolExecutor(min(HASH_THREADS, len(found))) as pool:
+                shas = self._call(lambda: list(pool.map(sha256_file, [p for _, p, _ in found])),
+                                  f"hashing of {prefix or '/'}")
+        return {key: ObjectInfo(key, size, sha, "rehashed from the stored file" if sha else "")
+                for (key, _, size), sha in zip(found, shas)}
 
     def read_range(self, key: str, start: int, end: int) -> RangeRead:
         p = self._path(key)
-        try:
-            size = p.stat().st_size
-            with open(p, "rb") as f:
-                f.seek(start)
-                data = f.read(end - start + 1)
-        except FileNotFoundError:
-            raise StoreError(f"{key} not found in {self.describe()}") from None
-        last = start + len(data) - 1
-        return RangeRead(data, 206, f"bytes {start}-{last}/{size}")
+
+        def read() -> RangeRead:
+            self._check_root()
+            try:
+                size = p.stat().st_size
+                with open(p, "rb") as f:
+                    f.seek(start)
+                    data = f.read(end - start + 1)
+            except FileNotFoundError:
+                raise StoreError(f"{key} not found in {self.describe()}") from None
+            last = start + len(data) - 1
+            return RangeRead(data, 206, f"bytes {start}-{last}/{size}")
+
+        return self._call(read, f"read of {key}")
 
     def get_file(self, key: str, local: Path) -> None:
         src = self._path(key)
-        if not src.is_file():
-            raise StoreError(f"{key} not found in {self.describe()}")
-        local.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, local)
+
+        def get() -> None:
+            self._check_root()
+            if not src.is_file():
+                raise StoreError(f"{key} not found in {self.describe()}")
+            local.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, local)
+
+        self._call(get, f"download of {key}")
 
     def delete(self, key: str) -> None:
         p = self._path(key)
-        p.unlink(missing_ok=True)
-        # Tidy empty parent folders up to the root so deleted checkpoints leave no husks.
-        for parent in p.parents:
-            if parent == self.root or not parent.is_dir() or any(parent.iterdir()):
-                break
-            parent.rmdir()
+
+        def delete() -> None:
+            self._check_root()
+            p.unlink(missing_ok=True)
+            # Tidy empty parent folders up to the root so deleted checkpoints leave no husks.
+            for parent in p.parents:
+                if parent == self.root or not parent.is_dir() or any(parent.iterdir()):
+                    break
+                parent.rmdir()
+
+        self._call(delete, f"delete of {key}")
 
     def read_text(self, key: str) -> str | None:
         p = self._path(key)
-        try:
-            return p.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return None
-        except (OSError, UnicodeDecodeError) as e:
-            raise StoreError(f"could not read {key} from {self.describe()}: {e}") from None
+
+        def read() -> str | None:
+            self._check_root()
+            try:
+                return p.read_text(encoding="utf-8")
+            except FileNotFoundError:
+                return None
+            except UnicodeDecodeError as e:
+                raise StoreError(f"could not read {key} from {self.describe()}: {e}") from None
+
+        return self._call(read, f"read of {key}")
 
     def write_text(self, key: str, text: str) -> None:
         p = self._path(key)
         tmp = p.with_name(p.name + ".partial")
-        try:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, p)  # atomic: a reader sees the old pointer or the new one, never half
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            raise StoreError(f"could not write {key} to {self.describe()}: {e.strerror or e}") from None
+
+        def write() -> None:
+            self._check_root()
+            try:
+                p.parent.mkdir(parents=True, exist_ok=True)
+                with open(tmp, "w", encoding="utf-8") as f:
+                    f.write(text)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, p)  # atomic: a reader sees the old pointer or the new one, never half
+            except BaseException:
+                try:
+                    tmp.unlink(missing_ok=True)
+                except OSError:
+                    pass
+                raise
+            self._root_seen = True
+
+        self._call(write, f"write of {key}")
