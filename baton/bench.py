@@ -1,0 +1,370 @@
+"""`baton bench`: what a configuration costs, measured: a grid of attention, sequence length, micro-batch,
+activation checkpointing and compile, each cell timed over real optimizer steps.
+
+Tokens per step stay fixed across the grid (accumulation = tokens_per_step / (micro x seq_len)), so every
+cell is the same training run and only its speed and memory differ. The tokens are random ids: the
+reader's cost is negligible next to the step, and no prepared data is needed.
+
+Memory: on CUDA the allocator's peak (allocated and reserved); a cap is enforced by the allocator
+itself (``set_per_process_memory_fraction``), so a cell over the cap raises a real out-of-memory error,
+which is recorded as OOM. On CPU there is no allocator cap to set: the cell's footprint is the resident
+set it adds to the process (peak RSS sampled every 2 ms during the cell, minus RSS before it), and a
+cell whose estimate or measurement exceeds the cap is recorded as OOM. A cell whose estimate alone is
+over the cap is not run (so an impossible cell cannot take the machine down).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import gc
+import json
+import logging
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .config import Config
+from .errors import BatonError
+from .model import build_model, param_count
+
+log = logging.getLogger(__name__)
+GiB = 1024**3
+MiB = 1024**2
+
+
+@dataclass
+class Cell:
+    attn: str
+    seq_len: int
+    micro_batch: int
+    grad_ckpt: bool
+    compile: bool
+    accum: int = 0
+    status: str = "pending"  # ok | OOM | skipped | error
+    reason: str = ""
+    tokens_per_s: float | None = None
+    step_seconds: float | None = None
+    peak_bytes: int | None = None  # what the cap is compared with: CUDA reserved, or CPU RSS added by the cell
+    peak_allocated: int | None = None  # CUDA only
+    peak_reserved: int | None = None  # CUDA only
+    peak_rss: int | None = None  # CPU only: the process's peak resident set during the cell
+    estimate_bytes: int | None = None
+    hours_for_target: float | None = None
+
+    @property
+    def label(self) -> str:
+        return (f"{self.attn} s{self.seq_len} m{self.micro_batch}x{self.accum}"
+                f"{' ckpt' if self.grad_ckpt else ''}{' compile' if self.compile else ''}")
+
+
+def parse_size(text: str) -> int:
+    """'12GiB', '512MiB', '12GB', '1.5G', or bytes -> bytes."""
+    s = text.strip().replace(" ", "")
+    units = {"kib": 1024, "mib": MiB, "gib": GiB, "kb": 1e3, "mb": 1e6, "gb": 1e9, "k": 1024, "m": MiB, "g": GiB,
+             "b": 1}
+    for u in sorted(units, key=len, reverse=True):
+        if s.lower().endswith(u):
+            try:
+                return int(float(s[: -len(u)]) * units[u])
+            except ValueError:
+                break
+    try:
+        return int(s)
+    except ValueError:
+        raise BatonError(f"memory size {text!r} is not a size (examples: 12GiB, 512MiB, 8GB)") from None
+
+
+def flash_available(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def estimate_bytes(cfg: Config, cell: Cell) -> int:
+    """A rough upper estimate of a training step's memory: fp32 weights, gradients and Adam moments, plus
+    the activations one micro-batch keeps for backward and its logits. Used only to refuse cells that
+    cannot fit; measurements decide the rest."""
+    m = cfg.model
+    p = param_count(m)
+    t = cell.micro_batch * cell.seq_len
+    act = 2 if cfg.train.precision in ("bf16", "fp16") else 4
+    per_layer = t * (10 * m.hidden + 4 * m.ffn) * act
+    if cell.attn == "eager":
+        per_layer += 2 * cell.micro_batch * m.n_heads * cell.seq_len * cell.seq_len * act  # scores + softmax
+    layers = (t * m.hidden * act * m.n_layers + per_layer) if cell.grad_ckpt else per_layer * m.n_layers
+    logits = 3 * t * m.vocab_size * 4  # logits, their fp32 copy for the loss, and its gradient
+    return int(16 * p + layers + logits)
+
+
+class _RssSampler:
+    """The process's peak resident set while running, sampled from /proc/self/statm."""
+
+    def __init__(self, interval: float = 0.002):
+        self.interval = interval
+        self.page = os.sysconf("SC_PAGE_SIZE")
+        self.peak = self.now()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def now(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self.page
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, self.now())
+
+    def __enter__(self) -> _RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.now())
+
+
+def _trim() -> None:
+    """Give freed memory back to the OS, so one cell's leftovers do not count against the next."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _is_oom(e: BaseException) -> bool:
+    if isinstance(e, (MemoryError, torch.cuda.OutOfMemoryError)):
+        return True
+    text = str(e).lower()
+    return isinstance(e, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+def run_cell(cfg: Config, cell: Cell, tokens_per_step: int, device: torch.device, warmup: int, steps: int,
+             cap: int | None, target_tokens: int, ranks: int = 1) -> Cell:
+    if tokens_per_step % (cell.micro_batch * cell.seq_len):
+        cell.status = "skipped"
+        cell.reason = f"{tokens_per_step} tokens/step is not a multiple of micro x seq_len"
+        return cell
+    cell.accum = tokens_per_step // (cell.micro_batch * cell.seq_len)
+    if cell.attn == "flash_attention_2" and not flash_available(device):
+        cell.status, cell.reason = "skipped", "flash-attn needs a CUDA GPU and the flash-attn package"
+        return cell
+    cell.estimate_bytes = estimate_bytes(cfg, cell)
+    if cap is not None and cell.estimate_bytes > cap:
+        cell.status = "OOM"
+        cell.reason = f"estimated {cell.estimate_bytes / MiB:,.0f} MiB is over the cap of {cap / MiB:,.0f} MiB (not run)"
+        return cell
+    _trim()
+    mcfg = dataclasses.replace(cfg.model, attn=cell.attn, grad_ckpt=cell.grad_ckpt,
+                               max_seq_len=max(cfg.model.max_seq_len, cell.seq_len))
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+        if cap is not None:
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
+    sampler = _RssSampler()
+    base_rss = sampler.now()
+    try:
+        with sampler:
+            seconds = _time_steps(cfg, mcfg, cell, device, warmup, steps)
+    except Exception as e:  # noqa: BLE001 - a cell's failure is a result, not the end of the grid
+        if _is_oom(e):
+            cell.status, cell.reason = "OOM", f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        else:
+            cell.status, cell.reason = "error", f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            log.warning("bench cell %s failed: %s", cell.label, cell.reason)
+        return cell
+    finally:
+        if cuda:
+            cell.peak_allocated = torch.cuda.max_memory_allocated(device)
+            cell.peak_reserved = torch.cuda.max_memory_reserved(device)
+            torch.cuda.set_per_process_memory_fraction(1.0, device)
+        _trim()
+    cell.peak_rss = sampler.peak
+    cell.peak_bytes = cell.peak_reserved if cuda else max(0, sampler.peak - base_rss)
+    cell.step_seconds = seconds / steps
+    cell.tokens_per_s = tokens_per_step * steps / seconds
+    cell.hours_for_target = target_tokens / (cell.tokens_per_s * ranks) / 3600
+    if cap is not None and cell.peak_bytes > cap:
+        cell.status = "OOM"
+        cell.reason = f"measured {cell.peak_bytes / MiB:,.0f} MiB is over the cap of {cap / MiB:,.0f} MiB"
+    else:
+        cell.status = "ok"
+    return cell
+
+
+def _time_steps(cfg: Config, mcfg, cell: Cell, device: torch.device, warmup: int, steps: int) -> float:
+    model = build_model(mcfg, device, seed=cfg.train.seed)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
+                            fused=True if device.type == "cuda" else None)
+    fwd = torch.compile(model) if cell.compile else model
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.precision)
+    scaler = torch.amp.GradScaler(device.type, enabled=cfg.train.precision == "fp16")
+    g = torch.Generator().manual_seed(cfg.train.seed)
+    ids = torch.randint(0, cfg.model.vocab_size, (cell.micro_batch, cell.seq_len + 1), generator=g).to(device)
+    x, y = ids[:, :-1], ids[:, 1:]
+
+    def step() -> None:
+        for _ in range(cell.accum):
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                logits = fwd(input_ids=x).logits
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+            scaler.scale(loss / cell.accum).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or math.inf)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for _ in range(warmup):
+        step()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync()
+    return time.perf_counter() - t0
+
+
+def run_grid(cfg: Config, attns: list[str], seqs: list[int], micros: list[int], ckpts: list[bool],
+             compiles: list[bool], tokens_per_step: int, device: torch.device, warmup: int = 2, steps: int = 5,
+             cap: int | None = None, target_tokens: int = 0, ranks: int = 1, progress=None) -> list[Cell]:
+    cells = [Cell(a, s, m, c, k) for a in attns for s in seqs for m in micros for c in ckpts for k in compiles]
+    for cell in cells:
+        run_cell(cfg, cell, tokens_per_step, device, warmup, steps, cap, target_tokens, ranks)
+        if progress:
+            progress(cell)
+    return cells
+
+
+# -------------------------------------------------------------------------------------- choosing
+
+
+def pick(cells: list[Cell], cap: int | None = None, allow_compile: bool = False) -> Cell | None:
+    """The fastest cell that ran, fits the cap, and `baton train` can reproduce."""
+    ok = [c for c in cells if c.status == "ok" and (cap is None or (c.peak_bytes or 0) <= cap)
+          and (allow_compile or not c.compile)]
+    return max(ok, key=lambda c: c.tokens_per_s or 0.0) if ok else None
+
+
+def overrides(cell: Cell, cfg: Config, ranks: int = 1) -> list[str]:
+    """The ``--set`` overrides that make ``cfg`` train as ``cell`` (same tokens per step)."""
+    out = [f"model.attn={cell.attn}", f"model.grad_ckpt={'true' if cell.grad_ckpt else 'false'}",
+           f"train.micro_batch={cell.micro_batch}"]
+    if cell.seq_len != cfg.data.seq_len:
+        if cfg.tokens_per_step % cell.seq_len:
+            raise BatonError(f"seq_len {cell.seq_len} does not divide {cfg.tokens_per_step} tokens per step")
+        out.append(f"data.seq_len={cell.seq_len}")
+        out.append(f"train.global_batch={cfg.tokens_per_step // cell.seq_len}")
+        if cell.seq_len > cfg.model.max_seq_len:
+            out.append(f"model.max_seq_len={cell.seq_len}")
+    if cell.compile:
+        out.append("train.compile=true")
+    return out
+
+
+# -------------------------------------------------------------------------------------- writing
+
+
+def _mib(v: int | None) -> str:
+    return "—" if v is None else f"{v / MiB:,.1f}"
+
+
+def table(cells: list[Cell], device: torch.device) -> str:
+    cuda = device.type == "cuda"
+    mem = "| peak alloc MiB | peak reserved MiB |" if cuda else "| RSS added MiB | peak RSS MiB |"
+    lines = ["| attn | seq | micro x accum | grad ckpt | compile | tokens/s | step s " + mem + " est. MiB | "
+             "h for target | status |",
+             "|---|---|---|---|---|---|---" + "|---" * 3 + "|---|---|"]
+    for c in cells:
+        m1, m2 = (c.peak_allocated, c.peak_reserved) if cuda else (c.peak_bytes, c.peak_rss)
+        status = c.status if not c.reason else f"{c.status}: {c.reason}"
+        lines.append(
+            f"| {c.attn} | {c.seq_len} | {c.micro_batch} x {c.accum or '—'} | {'on' if c.grad_ckpt else 'off'} | "
+            f"{'on' if c.compile else 'off'} | {'—' if c.tokens_per_s is None else f'{c.tokens_per_s:,.0f}'} | "
+            f"{'—' if c.step_seconds is None else f'{c.step_seconds:.3f}'} | {_mib(m1)} | {_mib(m2)} | "
+            f"{_mib(c.estimate_bytes)} | {'—' if c.hours_for_target is None else f'{c.hours_for_target:,.1f}'} | "
+            f"{status} |")
+    return "\n".join(lines)
+
+
+def plot(cells: list[Cell], path: Path, cap: int | None, device: torch.device) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [c.label for c in cells]
+    rates = [c.tokens_per_s or 0.0 for c in cells]
+    mems = [(c.peak_bytes or 0) / MiB for c in cells]
+    colors = ["tab:blue" if c.status == "ok" else "tab:red" if c.status == "OOM" else "tab:gray" for c in cells]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 0.45 * len(cells) + 1.8), sharey=True)
+    y = range(len(cells))
+    a1.barh(y, rates, color=colors)
+    a1.set_yticks(list(y), labels, fontsize=8)
+    a1.set_xlabel("tokens/s")
+    for i, c in enumerate(cells):
+        if c.status != "ok":
+            a1.text(0, i, f" {c.status}", va="center", fontsize=8, color="tab:red")
+    a2.barh(y, mems, color=colors)
+    a2.set_xlabel("peak reserved MiB" if device.type == "cuda" else "RSS added by the cell, MiB")
+    if cap is not None:
+        a2.axvline(cap / MiB, color="tab:red", linestyle="--", label="cap")
+        a2.legend(fontsize=8)
+    a1.invert_yaxis()
+    fig.suptitle("baton bench (red: OOM or over the cap; gray: skipped or failed)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(cells: list[Cell], out: Path, meta: dict[str, Any], cap: int | None,
+                  device: torch.device) -> dict[str, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"md": out / "bench.md", "json": out / "bench.json", "png": out / "bench.png"}
+    md = [f"# baton bench: {meta['device']}", "",
+          f"{meta['tokens_per_step']:,} tokens per step per rank, {meta['warmup']} warm-up + {meta['steps']} timed "
+          f"steps per cell, precision {meta['precision']}, {meta['params']:,} parameters; hours for "
+          f"{meta['target_tokens']:,} tokens over {meta['ranks']} rank(s)."
+          + (f" Memory cap {cap / MiB:,.0f} MiB." if cap else ""), "", table(cells, device), ""]
+    paths["md"].write_text("\n".join(md), encoding="utf-8")
+    paths["json"].write_text(json.dumps({**meta, "cap_bytes": cap,
+                                         "cells": [dataclasses.asdict(c) | {"label": c.label} for c in cells]},
+                                        indent=1), encoding="utf-8")
+    plot(cells, paths["png"], cap, device)
+    return paths
+
+
+def rate_from_json(path: Path) -> tuple[float, str]:
+    """The rate `baton plan` should use from a bench.json: its picked cell, else its fastest cell, x ranks."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    cells = [Cell(**{k: v for k, v in c.items() if k in Cell.__dataclass_fields__}) for c in data["cells"]]
+    chosen = None
+    if data.get("picked"):
+        chosen = next((c for c in cells if c.label == data["picked"]), None)
+    chosen = chosen or pick(cells, data.get("cap_bytes"), allow_compile=True)
+    if chosen is None or not chosen.tokens_per_s:
+        raise BatonError(f"{path} has no cell that ran within its cap; nothing to plan with")
+    ranks = int(data.get("ranks", 1))
+    return chosen.tokens_per_s * ranks, f"{path}: {chosen.label} x {ranks} rank(s)"

@@ -1,0 +1,80 @@
+"""The session's clock: when to stop so the last checkpoint still lands, and when a timed checkpoint is due.
+
+At each step boundary the session asks: if I run one more step, is there still time for the final
+checkpoint cycle and the margin before the deadline? The step time is the slowest of the recent steps
+and the cycle time the slowest one measured (this session, or earlier sessions in the ledger), so the
+estimate errs towards stopping early. Before any cycle is measured, ``ckpt_guess_s`` stands in.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+
+RECENT_STEPS = 10
+
+
+def guess_checkpoint_seconds(n_params: int) -> float:
+    """A deliberately slow guess for a first cycle: 12 bytes/parameter (weights + Adam) at 20 MB/s, +2 s."""
+    return 2.0 + 12 * n_params / 20e6
+
+
+class TimeBudget:
+    def __init__(self, deadline: float | None, margin_s: float, ckpt_guess_s: float, ckpt_every_s: float = 0.0,
+                 start: float | None = None):
+        self.deadline = deadline
+        self.margin_s = margin_s
+        self.ckpt_guess_s = ckpt_guess_s
+        self.ckpt_every_s = ckpt_every_s
+        self.steps: deque[float] = deque(maxlen=RECENT_STEPS)
+        self.ckpt_max: float | None = None
+        self.last_ckpt = time.time() if start is None else start
+        self.stepping_seconds = 0.0
+
+    def observe_step(self, seconds: float) -> None:
+        self.steps.append(seconds)
+        self.stepping_seconds += seconds
+
+    def observe_checkpoint(self, seconds: float, at: float | None = None) -> None:
+        self.ckpt_max = seconds if self.ckpt_max is None else max(self.ckpt_max, seconds)
+        self.last_ckpt = time.time() if at is None else at
+
+    @property
+    def step_estimate(self) -> float:
+        return max(self.steps) if self.steps else 0.0
+
+    @property
+    def ckpt_estimate(self) -> float:
+        return self.ckpt_max if self.ckpt_max is not None else self.ckpt_guess_s
+
+    def needed(self, final: bool) -> float:
+        """Seconds one more step and the end of the session take; ``final``: that step reaches the horizon,
+        where the exported model is pushed too (counted as one more cycle)."""
+        return self.step_estimate + self.ckpt_estimate * (2 if final else 1) + self.margin_s
+
+    def should_stop(self, now: float, final: bool = False) -> bool:
+        if self.deadline is None:
+            return False
+        return now + self.needed(final) > self.deadline
+
+    def checkpoint_due(self, now: float) -> bool:
+        return self.ckpt_every_s > 0 and now - self.last_ckpt >= self.ckpt_every_s
+
+    def seconds_left(self, now: float) -> float | None:
+        return None if self.deadline is None else self.deadline - now
+
+
+def process_start_time() -> float:
+    """When this process started (epoch seconds), from /proc on Linux; now elsewhere.
+
+    The platform's clock started before Python did: importing torch alone takes seconds, and they count.
+    """
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime, in clock ticks after boot
+        with open("/proc/stat") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return min(time.time(), btime + ticks / os.sysconf("SC_CLK_TCK"))  # btime is whole seconds: errs early
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
