@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from .. import __version__, faults
 from ..errors import VerificationError
 from ..hashing import sha256_file
 from ..store import Store, delete_keys, put_files
@@ -141,6 +141,7 @@ def write_pointer(store: Store, run: str, pointer: dict[str, Any]) -> None:
     key = f"{run}/{POINTER}"
     text = json.dumps(pointer, indent=1, sort_keys=True)
     store.write_text(key, text)
+    faults.point("pointer.readback", pointer.get("step"))
     back = store.read_text(key)
     if back is None or json.loads(back) != pointer:
         raise VerificationError(f"pointer {key} read back from {store.describe()} differs from what was written")
@@ -153,6 +154,7 @@ def push_folder(store: Store, local: Path, prefix: str, mode: str) -> tuple[dict
     t1 = time.perf_counter()
     put_files(store, [(local / name, f"{prefix}/{name}", info["sha256"]) for name, info in files.items()])
     t2 = time.perf_counter()
+    faults.point("verify")
     verify_remote(store, prefix, files, local, mode)
     t3 = time.perf_counter()
     return files, {"hash": t1 - t0, "upload": t2 - t1, "verify": t3 - t2}
@@ -165,6 +167,7 @@ def push_checkpoint(store: Store, run: str, local: Path, step: int, cursor: dict
     path = ckpt_path(step)
     files, timings = push_folder(store, local, f"{run}/{path}", mode)
     t = time.perf_counter()
+    faults.point("pointer", step)
     prev = _previous_history(store, run)
     history = [h for h in prev or [] if h != path] + [path]
     write_pointer(store, run, make_pointer(run, step, path, files, cursor, complete,
@@ -175,6 +178,7 @@ def push_checkpoint(store: Store, run: str, local: Path, step: int, cursor: dict
         shutil.rmtree(local)
     except OSError as e:
         log.warning("checkpoint step %d is verified, but its local copy %s could not be removed (%s)", step, local, e)
+    faults.point("prune", step)
     apply_retention(store, run, keep_last, current=path, verified=history if prev is not None else None)
     seconds = time.perf_counter() - t0
     log.info("checkpoint step %d pushed and verified in %.1fs (%s)", step, seconds, store.describe())
@@ -226,6 +230,7 @@ def apply_retention(store: Store, run: str, keep_last: int, current: str, verifi
         if s in kept or s > current_step:
             continue
         try:
+            faults.point("prune.delete", s)
             delete_keys(store, sorted(ks))
             removed.append(ckpt_path(s))
         except Exception as e:  # noqa: BLE001 - the new checkpoint is committed; a leftover costs only space

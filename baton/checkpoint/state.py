@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+from .. import faults
 from ..errors import ResumeError
 
 FORMAT = "baton-checkpoint-v1"
@@ -105,10 +106,12 @@ def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ten
 def save_checkpoint(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     state: dict[str, Any], metrics_file: Path | None) -> Path:
     """Write the checkpoint folder atomically: files go to ``out.partial`` which is renamed last."""
+    faults.point("save", state.get("step"))
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_model(_unwrap(model), str(tmp / MODEL_FILE))
+    faults.point("save.file", state.get("step"))
     tensors, groups = optimizer_tensors(_unwrap(model), optimizer)
     save_file(tensors, str(tmp / OPTIM_FILE))
     state = {"format": FORMAT, **state, "optimizer_param_groups": groups}

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from .. import faults
 from ..errors import StoreError
 
 
@@ -79,6 +80,7 @@ def put_files(store: Store, items: list[tuple[Path, str, str]]) -> None:
         batch(items)
         return
     for local, key, sha in items:
+        faults.point("upload")
         store.put_file(local, key, sha)
 
 
