@@ -22,6 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import boto3
 import botocore.exceptions as bx
+import botocore.session
 from botocore.config import Config
 
 from ..errors import ConfigError, StoreError
@@ -36,6 +37,20 @@ TRANSIENT_CODES = {"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavai
                    "IncompleteBody", "OperationAborted"}
 AUTH_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken", "TokenRefreshRequired",
               "AuthorizationHeaderMalformed", "InvalidSecurity"}
+
+
+_LOADER = None  # botocore's parsed service models, shared: building a client otherwise re-reads them (~0.2 s)
+
+
+def _session() -> boto3.session.Session:
+    """A fresh session (credentials resolved anew) over the shared model loader."""
+    global _LOADER
+    core = botocore.session.get_session()
+    if _LOADER is None:
+        _LOADER = core.get_component("data_loader")
+    else:
+        core.register_component("data_loader", _LOADER)
+    return boto3.session.Session(botocore_session=core)
 
 
 def _b64_to_hex(value: str) -> str | None:
@@ -56,7 +71,7 @@ class S3Store:
         self.send_checksum = send_checksum
         self.multipart_threshold = MULTIPART_THRESHOLD
         self.part_size = PART_SIZE
-        session = boto3.session.Session()
+        session = _session()
         region = region or session.region_name or "us-east-1"
         config = Config(
             retries={"total_max_attempts": 1},  # retrying is ours: bounded, classified, logged

@@ -19,7 +19,7 @@ from baton.store import RetryPolicy  # noqa: E402,F401
 
 @pytest.fixture(autouse=True)
 def aws_env(monkeypatch, tmp_path_factory):
-    """Test credentials only, and no ~/.aws of the machine running the tests."""
+    """Test credentials only, no ~/.aws of the machine running the tests, and no Xet uploads."""
     none = tmp_path_factory.getbasetemp() / "no-aws-config"
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", AWS_TEST_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", AWS_TEST_SECRET)
@@ -28,6 +28,11 @@ def aws_env(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(none))
     for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(var, raising=False)
+    # The test Hub serves the classic LFS path; the client reads this switch when it uploads.
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
 
 
 @pytest.fixture(scope="session")

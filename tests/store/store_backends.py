@@ -105,7 +105,8 @@ class LocalBackend(Backend):
     def fault(self, kind: str, **kw) -> Fault:
         if kind in ("drop", "status"):
             raise ValueError("use go_down for the local store")
-        self.store.fault = Fault(kind, match=lambda m, p: True, **kw)
+        match = kw.pop("match", None) or (lambda m, p: True)
+        self.store.fault = Fault(kind, match=match, **kw)
         return self.store.fault
 
     def clear_faults(self) -> None:
@@ -120,10 +121,15 @@ class LocalBackend(Backend):
         self.link.symlink_to(self.real)
 
 
+_RAW: dict[str, object] = {}
+
+
 def raw_s3_client(endpoint: str):
     """A plain client straight to the server (not through the proxy), for setting up and tampering."""
-    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                        config=Config(s3={"addressing_style": "path"}))
+    if endpoint not in _RAW:
+        _RAW[endpoint] = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                                      config=Config(s3={"addressing_style": "path"}))
+    return _RAW[endpoint]
 
 
 class S3Backend(Backend):

@@ -1,0 +1,235 @@
+"""The Hugging Face Hub as the store, through ``huggingface_hub``: ``hf://owner/repo[?revision=main&type=model]``.
+
+One commit per checkpoint (every file of a folder in one ``create_commit``), one per pointer write, one per
+retention deletion. What the Hub lists as an object's sha256: for LFS files (weights, anything binary or
+over 10 MB) the ``lfs.oid`` of its tree listing, the sha256 the Hub's storage addressed the upload by; small
+text files are plain git blobs whose listing carries only a git oid, so those are downloaded, checked
+against that oid and hashed. Read-back is a ranged GET of ``/{repo}/resolve/{revision}/{path}``, following
+the Hub's redirect to its CDN, where the answer must be a 206 naming exactly the range asked for.
+
+The token comes from ``huggingface_hub`` itself (HF_TOKEN, or ``hf auth login``); it is never printed.
+When ``hf_xet`` is installed the client uploads through Xet; HF_HUB_DISABLE_XET=1 makes it use the
+classic LFS path instead. ``huggingface_hub`` retries some calls itself (5xx, 429, network errors, about
+20 s at most); baton's bounded retry sits above that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path, PurePosixPath
+from urllib.parse import parse_qs, quote, urlsplit
+
+import httpx2
+import huggingface_hub as hf
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
+from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+from ..errors import ConfigError, StoreError
+from .base import ObjectInfo, RangeRead, safe_key
+from .retry import RetryPolicy, Transient, call
+
+TIMEOUT = httpx2.Timeout(120.0, connect=15.0)  # the library's own client waits forever by default
+
+
+def _git_oid(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+class HubStore:
+    def __init__(self, repo_id: str, repo_type: str = "model", revision: str = "main", endpoint: str | None = None,
+                 token: str | None = None, retry: RetryPolicy | None = None):
+        self.repo_id = repo_id
+        self.repo_type = repo_type
+        self.revision = revision
+        self.retry = retry or RetryPolicy()
+        self.api = HfApi(endpoint=endpoint, token=token)
+        self.endpoint = self.api.endpoint.rstrip("/")
+        self._token = token or hf.get_token()
+
+    @classmethod
+    def from_url(cls, url: str, retry: RetryPolicy | None = None, endpoint: str | None = None,
+                 token: str | None = None) -> "HubStore":
+        parts = urlsplit(url)
+        if parts.username or parts.password or "@" in parts.netloc:
+            raise ConfigError("store.url must not carry a token; set HF_TOKEN or run `hf auth login`")
+        repo_id = (parts.netloc + parts.path).strip("/")
+        if repo_id.count("/") != 1 or not all(repo_id.split("/")):
+            raise ConfigError(f"store.url {url!r} must name a repository as hf://owner/repo")
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        unknown = sorted(set(query) - {"revision", "type"})
+        if unknown:
+            raise ConfigError(f"store.url has unknown option(s) {', '.join(unknown)} (known: revision, type)")
+        repo_type = query.get("type", "model")
+        if repo_type not in ("model", "dataset"):
+            raise ConfigError(f"store.url type={repo_type!r}: use model or dataset")
+        return cls(repo_id, repo_type, query.get("revision", "main"), endpoint or os.environ.get("HF_ENDPOINT"), token,
+                   retry)
+
+    # ---------------------------------------------------------------------------------- helpers
+    def describe(self) -> str:
+        where = f"hf://{self.repo_id}" + (f" ({self.repo_type})" if self.repo_type != "model" else "")
+        return f"Hub store {where}@{self.revision}" + (
+            f" (endpoint {self.endpoint})" if self.endpoint != "https://huggingface.co" else "")
+
+    def _scrub(self, text: str) -> str:
+        return text.replace(self._token, "***") if self._token and len(self._token) >= 8 else text
+
+    def _classify(self, e: Exception) -> Exception:
+        seen = e
+        while seen is not None:
+            if isinstance(seen, RepositoryNotFoundError):
+                return StoreError(f"repository {self.repo_id} was not found or is not accessible: create it "
+                                  f"(hf repo create {self.repo_id}) and check that the token (HF_TOKEN or "
+                                  "`hf auth login`) may write to it")
+            if isinstance(seen, RevisionNotFoundError):
+                return StoreError(f"revision {self.revision!r} does not exist in {self.repo_id}")
+            if isinstance(seen, HfHubHTTPError) and seen.response is not None:
+                status = seen.response.status_code
+                if status in (408, 429) or status >= 500:
+                    return Transient(f"HTTP {status}")
+                if status == 401:
+                    return StoreError("the Hub rejected the token (HTTP 401): check HF_TOKEN or `hf auth login`")
+                if status == 403:
+                    return StoreError(f"the token may not write to {self.repo_id} (HTTP 403): use a token with "
+                                      "write access to it")
+                return StoreError(self._scrub(f"HTTP {status}: {str(seen).splitlines()[0]}"))
+            if isinstance(seen, (httpx2.TransportError, ConnectionError, TimeoutError)):
+                return Transient(self._scrub(f"{type(seen).__name__}: {seen}"))
+            seen = seen.__cause__ or seen.__context__
+        return e
+
+    def _call(self, fn, what: str):
+        return call(fn, what, self.describe(), self._classify, self.retry)
+
+    def _url(self, key: str) -> str:
+        prefix = {"model": "", "dataset": "datasets/"}[self.repo_type]
+        return (f"{self.endpoint}/{prefix}{self.repo_id}/resolve/{quote(self.revision, safe='')}/"
+                f"{quote(safe_key(key))}")
+
+    def _get(self, key: str, headers: dict | None = None, stream: bool = False):
+        req = get_session().build_request("GET", self._url(key), headers={**build_hf_headers(token=self._token),
+                                                                           **(headers or {})}, timeout=TIMEOUT)
+        return get_session().send(req, follow_redirects=True, stream=stream)
+
+    def _commit(self, ops_factory, message: str, what: str) -> None:
+        # Operations are rebuilt for each attempt: the client refuses to reuse a committed one.
+        self._call(lambda: self.api.create_commit(self.repo_id, ops_factory(), commit_message=message,
+                                                  repo_type=self.repo_type, revision=self.revision), what)
+
+    # ------------------------------------------------------------------------------- protocol
+    def put_file(self, local: Path, key: str, sha256: str) -> None:
+        self.put_files([(local, key, sha256)])
+
+    def put_files(self, items: list[tuple[Path, str, str]]) -> None:
+        def ops():
+            out = []
+            for local, key, sha in items:
+                op = CommitOperationAdd(path_in_repo=safe_key(key), path_or_fileobj=str(local))
+                op.upload_info.sha256 = bytes.fromhex(sha)  # known already: no second pass over the file
+                out.append(op)
+            return out
+
+        where = os.path.commonpath([k for _, k, _ in items]) if items else ""
+        self._commit(ops, f"baton: upload {where}", f"upload of {where}")
+
+    def _tree(self, folder: str):
+        try:
+            return list(self.api.list_repo_tree(self.repo_id, path_in_repo=folder or None, recursive=True,
+                                                repo_type=self.repo_type, revision=self.revision))
+        except HfHubHTTPError as e:
+            if e.response is not None and e.response.status_code == 404 and \
+                    e.response.headers.get("X-Error-Code") == "EntryNotFound":
+                return []
+            raise
+
+    def list(self, prefix: str, checksums: bool = True) -> dict[str, ObjectInfo]:
+        folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        entries = self._call(lambda: self._tree(folder), f"listing of {prefix or '/'}")
+        out: dict[str, ObjectInfo] = {}
+        for e in entries:
+            if not isinstance(e, hf.hf_api.RepoFile) or not e.path.startswith(prefix):
+                continue
+            if e.lfs is not None:
+                out[e.path] = ObjectInfo(e.path, e.size, e.lfs.sha256, "Hub LFS sha256 (lfs.oid of the tree listing)")
+            elif checksums:
+                out[e.path] = ObjectInfo(e.path, e.size, *self._regular_sha(e.path, e.blob_id))
+            else:
+                out[e.path] = ObjectInfo(e.path, e.size, None)
+        return out
+
+    def _regular_sha(self, key: str, git_oid: str) -> tuple[str | None, str]:
+        """A plain git file: download it, prove it is the listed blob, hash it."""
+        def get() -> bytes:
+            r = self._get(key)
+            hf_raise_for_status(r)
+            return r.content
+
+        data = self._call(get, f"download of {key}")
+        if _git_oid(data) != git_oid:
+            return None, f"downloaded bytes do not match the listed git oid {git_oid[:12]}"
+        return hashlib.sha256(data).hexdigest(), "sha256 of the plain git file, downloaded and matched to its git oid"
+
+    def read_range(self, key: str, start: int, end: int) -> RangeRead:
+        def read() -> RangeRead:
+            r = self._get(key, {"Range": f"bytes={start}-{end}"})
+            if r.status_code == 404:
+                raise StoreError(f"{key} not found in {self.describe()}")
+            hf_raise_for_status(r)
+            return RangeRead(r.content, r.status_code, r.headers.get("Content-Range"))
+
+        return self._call(read, f"ranged read of {key}")
+
+    def get_file(self, key: str, local: Path) -> None:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(local.name + ".partial")
+
+        def get() -> None:
+            r = self._get(key, stream=True)
+            try:
+                if r.status_code == 404:
+                    raise StoreError(f"{key} not found in {self.describe()}")
+                hf_raise_for_status(r)
+                with open(tmp, "wb") as f:
+                    for chunk in r.iter_bytes(8 << 20):
+                        f.write(chunk)
+            finally:
+                r.close()
+            os.replace(tmp, local)
+
+        try:
+            self._call(get, f"download of {key}")
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def delete(self, key: str) -> None:
+        self.delete_many([key])
+
+    def delete_many(self, keys: list[str]) -> None:
+        if not keys:
+            return
+        folder = str(PurePosixPath(os.path.commonpath(keys)))
+        present = self.list(folder + "/" if folder not in keys else folder, checksums=False)
+        gone = [k for k in keys if k in present]  # deleting an absent file is not an error
+        if gone:
+            self._commit(lambda: [CommitOperationDelete(path_in_repo=safe_key(k)) for k in gone],
+                         f"baton: delete {folder}", f"delete of {folder}")
+
+    def read_text(self, key: str) -> str | None:
+        def read() -> str | None:
+            r = self._get(key)
+            if r.status_code == 404 and r.headers.get("X-Error-Code") != "RepoNotFound":
+                return None
+            hf_raise_for_status(r)
+            return r.content.decode("utf-8")
+
+        try:
+            return self._call(read, f"read of {key}")
+        except UnicodeDecodeError as e:
+            raise StoreError(f"{key} in {self.describe()} is not UTF-8 text ({e.reason})") from None
+
+    def write_text(self, key: str, text: str) -> None:
+        data = text.encode("utf-8")
+        self._commit(lambda: [CommitOperationAdd(path_in_repo=safe_key(key), path_or_fileobj=data)],
+                     f"baton: write {key}", f"write of {key}")
