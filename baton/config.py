@@ -65,6 +65,9 @@ class DataConfig:
     seq_len: int = 128  # tokens per training window
     shuffle_seed: int = 1234  # seed of the global window permutation
     val_windows: int = 32  # held-out windows for validation (taken from the end of the stream)
+    prepare_workers: int = 0  # encoding processes for prepare (0 = one per core on large corpora, 1 = in-process)
+    decontaminate: list[str] = field(default_factory=list)  # evaluation text files/globs: drop training documents sharing an n-gram with them
+    decontam_ngram: int = 13  # n-gram length in tokens for decontaminate
 
 
 @dataclass
@@ -313,6 +316,9 @@ def _semantic_problems(cfg: Config) -> list[str]:
     if positive("data.seq_len", d.seq_len) and m.max_seq_len is not None and d.seq_len > m.max_seq_len:
         p.append(f"data.seq_len={d.seq_len} exceeds model.max_seq_len={m.max_seq_len} (raise max_seq_len)")
     positive("data.shard_tokens", d.shard_tokens)
+    positive("data.decontam_ngram", d.decontam_ngram)
+    if d.prepare_workers is not None and d.prepare_workers < 0:
+        p.append(f"data.prepare_workers must be >= 0 (0 = automatic), got {d.prepare_workers}")
     positive("data.tokenizer_vocab", d.tokenizer_vocab)
     if d.val_windows is not None and d.val_windows < 0:
         p.append(f"data.val_windows must be >= 0, got {d.val_windows}")

@@ -1,9 +1,19 @@
 """A keyed bijection over [0, n): the global order of training windows, never materialised.
 
-A balanced Feistel network over the smallest even-bit domain covering n, with cycle-walking to stay
-inside [0, n). Memory is O(1) and one lookup is a few dozen integer operations, so the order of 10^10
-windows costs nothing to hold and resuming at any sample is arithmetic, not iteration. Round keys come
-from numpy's PCG64 seeded with (seed, epoch), so every epoch gets its own order.
+An alternating (unbalanced) Feistel network over the smallest power-of-two domain covering n, with
+cycle-walking to stay inside [0, n). Why this is a bijection on [0, n):
+
+1. Each round maps a b-bit value ``x = (hi, lo)`` to ``(lo, hi ^ F(lo))``; given the output, ``lo`` is
+   read back directly and ``hi = out_low ^ F(lo)``, so every round is invertible, and so is the network
+   (``Permutation.position`` is that inverse). The network is a bijection of [0, 2^b).
+2. Cycle-walking re-applies the network until the value lands in [0, n). Restricting a permutation of a
+   finite set to a subset this way yields a permutation of the subset: following the network's cycle from
+   x < n, the first value < n reached is unique to x, and walking backwards from it returns to x.
+   The domain is below 2n, so a lookup walks fewer than two times on average.
+
+Memory is O(1) and a lookup is a few dozen integer operations, so the order of 10^10 windows costs nothing
+to hold and resuming at any sample is arithmetic, not iteration. Round keys come from SHA-512 of
+(seed, epoch), so each epoch has its own order, and the order does not depend on numpy's generators.
 """
 
 from __future__ import annotations
@@ -12,19 +22,25 @@ import hashlib
 
 import numpy as np
 
-ALGORITHM = "feistel-splitmix-v1"
+ALGORITHM = "feistel-alt-splitmix-sha512-v2"
 ROUNDS = 6
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_GOLD = np.uint64(0x9E3779B97F4A7C15)
+_M64 = (1 << 64) - 1
+_GOLD, _M1, _M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+_NGOLD, _NM1, _NM2 = np.uint64(_GOLD), np.uint64(_M1), np.uint64(_M2)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
 def _mix(x: np.ndarray, key: np.uint64) -> np.ndarray:
-    """splitmix64 finaliser of (x + key): a well-spread round function."""
-    z = (x + key) * _GOLD
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
+    """splitmix64 finaliser of (x + key): a well-spread round function (uint64 arithmetic wraps)."""
+    z = (x + key) * _NGOLD
+    z = (z ^ (z >> _S30)) * _NM1
+    z = (z ^ (z >> _S27)) * _NM2
+    return z ^ (z >> _S31)
+
+
+def round_keys(seed: int, epoch: int) -> list[int]:
+    digest = hashlib.sha512(f"baton-permutation|{int(seed)}|{int(epoch)}".encode()).digest()
+    return [int.from_bytes(digest[8 * r : 8 * r + 8], "little") for r in range(ROUNDS)]
 
 
 class Permutation:
@@ -34,35 +50,68 @@ class Permutation:
         if n <= 0:
             raise ValueError("permutation size must be positive")
         self.n, self.seed, self.epoch = int(n), int(seed), int(epoch)
-        bits = max(2, int(n - 1).bit_length())
-        self.half = (bits + 1) // 2
-        self.mask = np.uint64((1 << self.half) - 1)
-        rng = np.random.Generator(np.random.PCG64([self.seed, self.epoch]))
-        self.keys = [np.uint64(k) for k in rng.integers(0, 2**63, size=ROUNDS, dtype=np.uint64)]
+        bits = max(2, (self.n - 1).bit_length())
+        self.keys = round_keys(self.seed, self.epoch)
+        # Round r splits the value into a high part of hi_bits[r] and a low part of the rest; the roles
+        # alternate, so an odd bit count needs no padding to an even one (which would double the domain).
+        a, b = bits // 2, bits - bits // 2
+        self._splits = [(a, b) if r % 2 == 0 else (b, a) for r in range(ROUNDS)]
+        self._np_keys = [np.uint64(k) for k in self.keys]
 
+    # ---- vectorised
     def _encrypt(self, x: np.ndarray) -> np.ndarray:
-        h = np.uint64(self.half)
-        left, right = x >> h, x & self.mask
-        for k in self.keys:
-            left, right = right, left ^ (_mix(right, k) & self.mask)
-        return (left << h) | right
+        for (hb, lb), k in zip(self._splits, self._np_keys):
+            lo_mask = np.uint64((1 << lb) - 1)
+            hi, lo = x >> np.uint64(lb), x & lo_mask
+            x = (lo << np.uint64(hb)) | (hi ^ (_mix(lo, k) & np.uint64((1 << hb) - 1)))
+        return x
 
-    def take(self, idx: np.ndarray | list[int]) -> np.ndarray:
-        x = np.asarray(idx, dtype=np.int64)
-        if x.size and (x.min() < 0 or x.max() >= self.n):
-            raise IndexError(f"permutation index out of range [0, {self.n})")
-        y = self._encrypt(x.astype(np.uint64))
+    def _decrypt(self, y: np.ndarray) -> np.ndarray:
+        for (hb, lb), k in zip(reversed(self._splits), reversed(self._np_keys)):
+            lo = y >> np.uint64(hb)
+            hi = (y & np.uint64((1 << hb) - 1)) ^ (_mix(lo, k) & np.uint64((1 << hb) - 1))
+            y = (hi << np.uint64(lb)) | lo
+        return y
+
+    def _walk(self, x: np.ndarray, step) -> np.ndarray:
+        y = step(x)
         n = np.uint64(self.n)
-        # Cycle-walking: re-encrypt values that fell outside [0, n). The domain is < 4n, so this
-        # loop runs a handful of times at most and terminates because each orbit contains x < n.
         out = y >= n
-        while out.any():
-            y[out] = self._encrypt(y[out])
+        while out.any():  # terminates: every orbit through [0, n) returns to [0, n)
+            y[out] = step(y[out])
             out = y >= n
         return y.astype(np.int64)
 
+    def _check(self, idx) -> np.ndarray:
+        x = np.asarray(idx, dtype=np.int64)
+        if x.size and (x.min() < 0 or x.max() >= self.n):
+            raise IndexError(f"permutation index out of range [0, {self.n})")
+        return x.astype(np.uint64)
+
+    def take(self, idx: np.ndarray | list[int]) -> np.ndarray:
+        """The permuted values of ``idx`` (int64 array of the same shape)."""
+        return self._walk(self._check(idx), self._encrypt)
+
+    def position(self, values: np.ndarray | list[int]) -> np.ndarray:
+        """The inverse: the indices whose permuted values are ``values``."""
+        return self._walk(self._check(values), self._decrypt)
+
+    # ---- scalar: plain Python ints, about a microsecond a round trip, no array set-up
     def __getitem__(self, i: int) -> int:
-        return int(self.take(np.array([i]))[0])
+        i = int(i)
+        if not 0 <= i < self.n:
+            raise IndexError(f"permutation index {i} out of range [0, {self.n})")
+        n, rounds = self.n, list(zip(self._splits, self.keys))
+        x = i
+        while True:
+            for (hb, lb), k in rounds:
+                lo = x & ((1 << lb) - 1)
+                z = ((lo + k) * _GOLD) & _M64
+                z = ((z ^ (z >> 30)) * _M1) & _M64
+                z = ((z ^ (z >> 27)) * _M2) & _M64
+                x = (lo << hb) | ((x >> lb) ^ ((z ^ (z >> 31)) & ((1 << hb) - 1)))
+            if x < n:
+                return x
 
     def fingerprint(self) -> str:
         """Identity of the order: the algorithm, its parameters and a sample of its output."""

@@ -1,217 +1,72 @@
-"""`baton prepare`: text sources -> tokenizer -> packed token shards + a content-hashed manifest."""
+"""`baton prepare`: the source mix -> tokenizer -> packed token shards + a content-hashed manifest.
+
+Streaming and bounded: documents are read lazily, encoded in batches (at most a few in flight), and
+packed into a shard buffer of ``data.shard_tokens``; memory does not grow with the corpus (the largest
+single document is the one thing held whole). Resumable: after each shard is on disk, the journal
+records where the next one starts, and a rerun after any interruption continues there, reusing the
+tokenizer, and writes the same bytes an uninterrupted prepare writes. The manifest is written last: a
+folder without one is an unfinished prepare and is never read by training.
+"""
 
 from __future__ import annotations
 
-import glob
+import copy
 import hashlib
 import json
 import logging
 import shutil
-import sysconfig
 import time
-from collections.abc import Iterator
+from collections import deque
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tokenizers import Tokenizer
 
-from ..config import Config, SourceConfig
+from ..config import Config
 from ..errors import DataError
 from ..hashing import sha256_file
+from . import decontam
+from .journal import JOURNAL, Journal
 from .manifest import FORMAT, MANIFEST, corpus_fingerprint, load_manifest
+from .mix import Mix
 from .shards import dtype_for_vocab, read_header, write_shard
+from .sources import SourceReader, stdlib_files  # noqa: F401  (stdlib_files: public helper)
+from .tokenize import (TOKENIZER_FILE, Encoder, auto_workers, data_tokenizer, find_eos, load_tokenizer,  # noqa: F401
+                       tokenizer_path, train_tokenizer)
 
 log = logging.getLogger(__name__)
 
-EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>")
-TOKENIZER_FILE = "tokenizer.json"
-TOKENIZER_TRAIN_BYTES = 256 << 20  # enough text for a good BPE; training on more only costs time
-ENCODE_BATCH = 256
+ENCODE_BATCH = 256  # documents per encode call: enough for encode_batch to use every core
+BATCH_BYTES = 2 << 20  # ... and at most this much text, so one batch of huge documents stays small
+SHARD_KEYS = ("file", "sha256", "tokens", "sources")  # a shard's record, in manifest order
+ACCT = ("documents", "tokens", "dropped_documents", "dropped_tokens")  # per-source counts, in manifest order
+ORDER = "interleaved by share of estimated size (see baton/data/mix.py)"
 
 
-# ---------------------------------------------------------------------------------------------- sources
-
-
-def _expand(path: str) -> list[Path]:
-    p = Path(path)
-    if p.is_dir():
-        return sorted(q for q in p.rglob("*") if q.is_file())
-    if p.is_file():
-        return [p]
-    return sorted(Path(q) for q in glob.glob(path, recursive=True) if Path(q).is_file())
-
-
-def stdlib_files() -> list[Path]:
-    """The running Python's own top-level library modules: a corpus present on every machine."""
-    return sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
-
-
-def iter_documents(src: SourceConfig) -> Iterator[str]:
-    """Yield the source's documents in a deterministic order, honouring ``max_bytes``."""
-    budget = src.max_bytes or float("inf")
-    for doc in _raw_documents(src):
-        if not doc:
-            continue
-        size = len(doc.encode("utf-8"))
-        if size > budget:
-            return
-        budget -= size
-        yield doc
-
-
-def _raw_documents(src: SourceConfig) -> Iterator[str]:
-    if src.kind == "stdlib":
-        for f in stdlib_files():
-            yield f.read_text(encoding="utf-8", errors="replace")
-        return
-    files = _expand(src.path)
-    if not files and src.kind != "hf_dataset":
-        raise DataError(f"data source {src.kind} {src.path!r} matches no files (check the path or glob)")
-    if src.kind == "text":
-        for f in files:
-            yield f.read_text(encoding="utf-8", errors="replace")
-    elif src.kind == "jsonl":
-        for f in files:
-            with open(f, encoding="utf-8") as fh:
-                for lineno, line in enumerate(fh, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        obj = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise DataError(f"{f}:{lineno} is not valid JSON ({e.msg})") from None
-                    if not isinstance(obj, dict) or src.field not in obj:
-                        raise DataError(f"{f}:{lineno} has no field {src.field!r} (set field = \"...\" on the source)")
-                    yield str(obj[src.field])
-    elif src.kind == "parquet":
-        import pyarrow.parquet as pq
-
-        for f in files:
-            pf = pq.ParquetFile(f)
-            if src.field not in pf.schema_arrow.names:
-                raise DataError(f"{f} has no column {src.field!r} (columns: {', '.join(pf.schema_arrow.names)})")
-            for batch in pf.iter_batches(columns=[src.field], batch_size=1024):
-                for v in batch.column(0).to_pylist():
-                    if v is not None:
-                        yield str(v)
-    elif src.kind == "hf_dataset":
-        try:
-            import datasets
-        except ImportError:
-            raise DataError("source kind hf_dataset needs the `datasets` package (pip install datasets)") from None
-        ds = datasets.load_from_disk(src.path)
-        if isinstance(ds, datasets.DatasetDict):
-            ds = ds["train"] if "train" in ds else ds[sorted(ds)[0]]
-        if src.field not in ds.column_names:
-            raise DataError(f"dataset {src.path} has no column {src.field!r} (columns: {', '.join(ds.column_names)})")
-        for row in ds.select_columns([src.field]):
-            yield str(row[src.field])
-
-
-def iter_mix(sources: list[SourceConfig], seed: int) -> Iterator[tuple[int, str]]:
-    """(source index, document), each source repeated by its weight.
-
-    A weight of 2.5 emits every document twice plus a seeded half of them a third time; the choice is
-    a hash of (seed, source, document index), so it is the same on every machine and every rerun.
-    """
-    for si, src in enumerate(sources):
-        whole, frac = int(src.weight), src.weight - int(src.weight)
-        for di, doc in enumerate(iter_documents(src)):
-            reps = whole
-            if frac:
-                h = hashlib.sha256(f"{seed}|{si}|{di}".encode()).digest()
-                reps += int.from_bytes(h[:8], "little") / 2**64 < frac
-            for _ in range(reps):
-                yield si, doc
-
-
-# -------------------------------------------------------------------------------------------- tokenizer
-
-
-def find_eos(tok: Tokenizer) -> tuple[str, int]:
-    for name in EOS_CANDIDATES:
-        tid = tok.token_to_id(name)
-        if tid is not None:
-            return name, tid
-    raise DataError(
-        f"the tokenizer has no end-of-text token (looked for {', '.join(EOS_CANDIDATES)}); "
-        "add one as a special token"
-    )
-
-
-def train_tokenizer(cfg: Config) -> Tokenizer:
-    """A byte-level BPE trained on the configured sources (the first TOKENIZER_TRAIN_BYTES of text)."""
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=cfg.data.tokenizer_vocab,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-
-    def texts() -> Iterator[str]:
-        budget = TOKENIZER_TRAIN_BYTES
-        for _, doc in iter_mix(cfg.data.sources, cfg.data.shuffle_seed):
-            yield doc
-            budget -= len(doc)
-            if budget <= 0:
-                return
-
-    tok.train_from_iterator(texts(), trainer=trainer)
-    return tok
-
-
-def load_tokenizer(spec: str) -> Tokenizer:
-    p = Path(spec)
-    if p.is_dir():
-        p = p / TOKENIZER_FILE
-    if not p.is_file():
-        raise DataError(
-            f"tokenizer {spec!r} not found (give a tokenizer.json, a folder holding one, or \"\" to train one)"
-        )
-    try:
-        return Tokenizer.from_file(str(p))
-    except Exception as e:  # tokenizers raises a bare Exception on malformed files
-        raise DataError(f"tokenizer {p} could not be loaded: {e}") from None
-
-
-def data_tokenizer(data_dir: str | Path) -> Tokenizer:
-    return load_tokenizer(str(Path(data_dir) / TOKENIZER_FILE))
-
-
-# ---------------------------------------------------------------------------------------------- prepare
-
-
-def _spec(cfg: Config) -> str:
-    """What determines the prepared bytes; a rerun with the same spec can reuse the folder."""
+def _spec(cfg: Config, readers: list[SourceReader]) -> str:
+    """What determines the prepared bytes; a rerun with the same spec reuses or continues the folder."""
     d = cfg.data
-    tok = ""
-    if d.tokenizer:
-        p = Path(d.tokenizer)
-        tok = sha256_file(p / TOKENIZER_FILE if p.is_dir() else p)
     body = {
         "format": FORMAT,
         "sources": [asdict(s) for s in d.sources],
-        "tokenizer": tok or {"train_vocab": d.tokenizer_vocab},
+        "files": [r.identity() for r in readers],
+        "tokenizer": sha256_file(tokenizer_path(d.tokenizer)) if d.tokenizer else {"train_vocab": d.tokenizer_vocab},
         "shard_tokens": d.shard_tokens,
         "seed": d.shuffle_seed,
+        "decontaminate": [decontam.describe(d.decontaminate), d.decontam_ngram] if d.decontaminate else None,
     }
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def already_prepared(cfg: Config) -> dict[str, Any] | None:
+def already_prepared(cfg: Config, readers: list[SourceReader] | None = None) -> dict[str, Any] | None:
     out = Path(cfg.data.dir)
     if not (out / MANIFEST).is_file():
         return None
     try:
+        readers = readers if readers is not None else _readers(cfg)
         m = load_manifest(out)
-        if m.get("spec") != _spec(cfg):
+        if m.get("spec") != _spec(cfg, readers):
             return None
         for s in m["shards"]:
             _, count = read_header(out / s["file"])
@@ -222,109 +77,267 @@ def already_prepared(cfg: Config) -> dict[str, Any] | None:
     return m
 
 
+def _readers(cfg: Config) -> list[SourceReader]:
+    return [SourceReader(s, i) for i, s in enumerate(cfg.data.sources)]
+
+
+def _clean(out: Path) -> None:
+    """Remove what a prepare writes, and only that: the folder may hold the user's other files."""
+    for pattern in ("shard-*.bin", "*.tmp", MANIFEST, TOKENIZER_FILE, JOURNAL):
+        for p in out.glob(pattern):
+            p.unlink()
+
+
 def prepare(cfg: Config, force: bool = False, progress: bool = True) -> dict[str, Any]:
-    """Write shards and manifest into ``cfg.data.dir``; reuse them when the spec is unchanged."""
+    """Write shards and manifest into ``cfg.data.dir``; reuse them when unchanged, continue them when cut short."""
     out = Path(cfg.data.dir)
     if cfg.data.tokenizer:
         load_tokenizer(cfg.data.tokenizer)  # fail on a bad path before any work
-    if not force and (m := already_prepared(cfg)):
+    readers = _readers(cfg)
+    if not force and (m := already_prepared(cfg, readers)):
         log.info("data in %s is already prepared for this config (%s tokens, fingerprint %s)",
                  out, f"{m['total_tokens']:,}", m["fingerprint"])
         return m
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    spec = _spec(cfg, readers)
+    journal = Journal(out)
+    resumed = None if force else _resumable(out, journal, spec)
     t0 = time.time()
-    if cfg.data.tokenizer:
-        src = Path(cfg.data.tokenizer)
-        shutil.copyfile(src / TOKENIZER_FILE if src.is_dir() else src, out / TOKENIZER_FILE)
-        tok = load_tokenizer(str(out / TOKENIZER_FILE))
+    if resumed is None:
+        out.mkdir(parents=True, exist_ok=True)
+        _clean(out)
+        _make_tokenizer(cfg, readers, out)
+        journal.write({"spec": spec, "tokenizer_sha256": sha256_file(out / TOKENIZER_FILE)})
+        shards, state = [], None
     else:
-        log.info("training a byte-level BPE tokenizer (vocab %d) on the sources", cfg.data.tokenizer_vocab)
-        tok = train_tokenizer(cfg)
-        tok.save(str(out / TOKENIZER_FILE))
-        tok = load_tokenizer(str(out / TOKENIZER_FILE))  # what later runs will see, byte for byte
-    eos_token, eos_id = find_eos(tok)
-    vocab = tok.get_vocab_size(with_added_tokens=True)
-    dtype = dtype_for_vocab(vocab)
-
-    shards: list[dict[str, Any]] = []
-    per_source = [{"documents": 0, "tokens": 0} for _ in cfg.data.sources]
-    buf = np.empty(cfg.data.shard_tokens, dtype=dtype)
-    fill = 0
-    buf_sources: set[int] = set()
-
-    def flush() -> None:
-        nonlocal fill
-        name = f"shard-{len(shards):05d}.bin"
-        digest = write_shard(out / name, buf[:fill])
-        shards.append({"file": name, "sha256": digest, "tokens": int(fill), "sources": sorted(buf_sources)})
-        fill = 0
-        buf_sources.clear()
-
-    bar = _progress(progress)
-    batch: list[tuple[int, str]] = []
-
-    def encode(batch: list[tuple[int, str]]) -> None:
-        nonlocal fill
-        encs = tok.encode_batch([d for _, d in batch], add_special_tokens=False)
-        for (si, _), enc in zip(batch, encs):
-            ids = enc.ids + [eos_id]
-            cap = cfg.data.sources[si].max_tokens
-            if cap:
-                ids = ids[: max(0, cap - per_source[si]["tokens"])]
-            if not ids:
-                continue
-            per_source[si]["documents"] += 1
-            per_source[si]["tokens"] += len(ids)
-            arr = np.asarray(ids, dtype=dtype)
-            pos = 0
-            while pos < arr.size:
-                take = min(arr.size - pos, buf.size - fill)
-                buf[fill : fill + take] = arr[pos : pos + take]
-                fill += take
-                pos += take
-                buf_sources.add(si)
-                if fill == buf.size:
-                    flush()
-            bar.update(len(ids))
-
-    for item in iter_mix(cfg.data.sources, cfg.data.shuffle_seed):
-        batch.append(item)
-        if len(batch) >= ENCODE_BATCH:
-            encode(batch)
-            batch = []
-    if batch:
-        encode(batch)
-    if fill:
-        flush()
-    bar.close()
-    total = sum(s["tokens"] for s in shards)
-    if total == 0:
-        raise DataError("the data sources produced no tokens (check paths, fields and caps)")
-    tok_sha = sha256_file(out / TOKENIZER_FILE)
-    manifest = {
-        "format": FORMAT,
-        "spec": _spec(cfg),
-        "dtype": dtype.name,
-        "tokenizer": {"file": TOKENIZER_FILE, "sha256": tok_sha, "vocab_size": vocab, "eos_token": eos_token, "eos_id": eos_id},
-        "sources": [{**asdict(s), **per_source[i]} for i, s in enumerate(cfg.data.sources)],
-        "shards": shards,
-        "n_shards": len(shards),
-        "total_tokens": total,
-        "fingerprint": corpus_fingerprint(shards, tok_sha, dtype.name),
-    }
+        shards, state = resumed
+        log.info("continuing an interrupted prepare in %s at shard %d (tokenizer reused)", out, len(shards))
+    job = _Job(cfg, readers, out, journal, shards, progress)
+    acct = job.run(state)
+    manifest = job.manifest(spec, acct)
     # The manifest is written last: a folder without one is an unfinished prepare, never trusted.
     tmp = out / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
     tmp.replace(out / MANIFEST)
+    (out / JOURNAL).unlink(missing_ok=True)
     dt = time.time() - t0
-    log.info("prepared %s tokens in %d shards (%.0f tokens/s), fingerprint %s", f"{total:,}", len(shards),
-             total / max(dt, 1e-9), manifest["fingerprint"])
+    log.info("prepared %s tokens in %d shards (%.0f tokens/s this run), fingerprint %s", f"{manifest['total_tokens']:,}",
+             manifest["n_shards"], job.written / max(dt, 1e-9), manifest["fingerprint"])
+    if manifest["decontamination"]:
+        dc = manifest["decontamination"]
+        log.info("decontamination dropped %d documents (%s tokens)", dc["dropped_documents"], f"{dc['dropped_tokens']:,}")
     return manifest
 
 
-def _progress(enabled: bool):
+def _make_tokenizer(cfg: Config, readers: list[SourceReader], out: Path) -> None:
+    if cfg.data.tokenizer:
+        shutil.copyfile(tokenizer_path(cfg.data.tokenizer), out / TOKENIZER_FILE)
+        return
+    log.info("training a byte-level BPE tokenizer (vocab %d) on the sources", cfg.data.tokenizer_vocab)
+    mix = Mix(readers, cfg.data.shuffle_seed)
+
+    def texts():
+        while (item := mix.draw()) is not None:
+            yield item[1]
+
+    train_tokenizer(texts(), cfg.data.tokenizer_vocab).save(str(out / TOKENIZER_FILE))
+
+
+def _resumable(out: Path, journal: Journal, spec: str) -> tuple[list[dict], dict | None] | None:
+    """(finished shards, where to continue) from the journal, or None to start afresh."""
+    loaded = journal.load()
+    if loaded is None:
+        return None
+    header, records = loaded
+    tok = out / TOKENIZER_FILE
+    if header.get("spec") != spec or not tok.is_file() or sha256_file(tok) != header.get("tokenizer_sha256"):
+        return None
+    good = []
+    for r in records:  # trust a record only while the shard it names is whole
+        s = r.get("shard")
+        if s is not None:
+            try:
+                if read_header(out / s["file"])[1] != s["tokens"]:
+                    break
+            except DataError:
+                break
+        good.append(r)
+        if "done" in r:
+            break
+    if len(good) != len(records):
+        journal.write(header, good)
+    shards = [{k: r["shard"][k] for k in SHARD_KEYS} for r in good if r.get("shard")]
+    keep = {s["file"] for s in shards}
+    for p in list(out.glob("shard-*.bin")) + list(out.glob("*.tmp")):
+        if p.name not in keep:
+            p.unlink()
+    return shards, (good[-1] if good else None)
+
+
+class _Job:
+    """One pass of the prepare loop: draw batches, encode them (in flight), pack tokens into shards."""
+
+    def __init__(self, cfg: Config, readers: list[SourceReader], out: Path, journal: Journal,
+                 shards: list[dict], progress: bool):
+        self.cfg, self.readers, self.out, self.journal, self.shards = cfg, readers, out, journal, shards
+        self.progress = progress
+        tok = data_tokenizer(out)
+        self.eos_token, self.eos_id = find_eos(tok)
+        self.vocab = tok.get_vocab_size(with_added_tokens=True)
+        self.dtype = dtype_for_vocab(self.vocab)
+        self.caps = [s.max_tokens for s in cfg.data.sources]
+        self.decon = None
+        if cfg.data.decontaminate:
+            texts = [np.array(tok.encode(f.read_text(encoding="utf-8", errors="replace"), add_special_tokens=False).ids,
+                               dtype=np.int64) for f in decontam.eval_files(cfg.data.decontaminate)]
+            self.decon = decontam.Decontaminator(texts, cfg.data.decontam_ngram)
+        self.buf = np.empty(cfg.data.shard_tokens, dtype=self.dtype)
+        self.fill = 0
+        self.buf_sources: set[int] = set()
+        self.written = 0
+
+    # ---- the loop
+    def run(self, state: dict | None) -> list[dict[str, int]]:
+        if state is not None and "done" in state:
+            return state["done"]
+        seed = self.cfg.data.shuffle_seed
+        resume = state["resume"] if state else None
+        acct = copy.deepcopy(resume["acct"]) if resume else [dict.fromkeys(ACCT, 0) for _ in self.readers]
+        mix = Mix(self.readers, seed, resume["mix"] if resume else None)
+        first = None
+        if resume:
+            for _ in range(resume["skip_docs"]):  # the batch's documents before the one in progress
+                mix.draw()
+            si, text, nbytes = mix.draw()
+            first = (resume["mix"], resume["skip_docs"], [si], [text], nbytes, resume["skip_tokens"])
+        for i, a in enumerate(acct):
+            if self.caps[i] and a["tokens"] >= self.caps[i]:
+                mix.deactivate(i)
+        est = sum(mix.est)
+        workers = auto_workers(self.cfg.data.prepare_workers, est)
+        bar = _progress(self.progress, est, sum(mix.consumed), sum(s["tokens"] for s in self.shards))
+        encoder = Encoder(self.out / TOKENIZER_FILE, self.eos_id, self.dtype, self.decon, workers)
+        t0 = time.time()
+        try:
+            pending: deque = deque()
+            for batch in self._batches(mix, first):
+                pending.append((batch, encoder.submit(batch[3])))
+                while len(pending) >= encoder.depth:
+                    self._consume(*pending.popleft(), acct, mix, bar, t0)
+            while pending:
+                self._consume(*pending.popleft(), acct, mix, bar, t0)
+        finally:
+            encoder.close()
+            bar.close()
+        if self.fill:
+            self._flush({"done": acct})
+        else:
+            self.journal.append({"shard": None, "done": acct})
+        return acct
+
+    def _batches(self, mix: Mix, first):
+        if first is not None:
+            yield first
+        while True:
+            snap = mix.snapshot()
+            srcs, docs, nbytes = [], [], 0
+            while len(docs) < ENCODE_BATCH and nbytes < BATCH_BYTES:
+                item = mix.draw()
+                if item is None:
+                    break
+                srcs.append(item[0])
+                docs.append(item[1])
+                nbytes += item[2]
+            if not docs:
+                return
+            yield snap, 0, srcs, docs, nbytes, 0
+
+    def _consume(self, batch, fut, acct, mix: Mix, bar, t0: float) -> None:
+        snap, first_index, srcs, _, nbytes, skip = batch
+        tokens, lens, dropped = fut.result()
+        off = 0
+        for k, si in enumerate(srcs):
+            a, n = acct[si], int(lens[k])
+            if dropped[k]:
+                a["dropped_documents"] += 1
+                a["dropped_tokens"] += n
+                continue
+            arr = tokens[off : off + n]
+            off += n
+            cap = self.caps[si]
+            if cap:
+                room = cap - a["tokens"]
+                if room <= 0:
+                    mix.deactivate(si)
+                    continue
+                arr = arr[:room]
+            self._append(arr, skip if k == 0 else 0, si, snap, first_index + k, acct)
+            a["documents"] += 1
+            a["tokens"] += arr.size
+            if cap and a["tokens"] >= cap:
+                mix.deactivate(si)
+        bar.update(nbytes)
+        bar.set_postfix_str(f"{self.written / max(time.time() - t0, 1e-9):,.0f} tok/s", refresh=False)
+
+    # ---- shards
+    def _append(self, arr: np.ndarray, pos: int, si: int, snap: dict, doc_index: int, acct) -> None:
+        """Pack ``arr[pos:]``; a shard that fills records where its successor starts (before this document)."""
+        cap = self.buf.size
+        while pos < arr.size:
+            take = min(arr.size - pos, cap - self.fill)
+            self.buf[self.fill : self.fill + take] = arr[pos : pos + take]
+            self.fill += take
+            pos += take
+            self.written += take
+            self.buf_sources.add(si)
+            if self.fill == cap:
+                self._flush({"resume": {"mix": snap, "skip_docs": doc_index, "skip_tokens": pos,
+                                        "acct": copy.deepcopy(acct)}})
+
+    def _flush(self, record: dict) -> None:
+        name = f"shard-{len(self.shards):05d}.bin"
+        digest = write_shard(self.out / name, self.buf[: self.fill])
+        shard = {"file": name, "sha256": digest, "tokens": int(self.fill), "sources": sorted(self.buf_sources)}
+        self.shards.append(shard)
+        self.journal.append({"shard": shard, **record})  # only after the shard is whole on disk
+        self.fill = 0
+        self.buf_sources.clear()
+
+    # ---- the manifest
+    def manifest(self, spec: str, acct: list[dict[str, int]]) -> dict[str, Any]:
+        total = sum(s["tokens"] for s in self.shards)
+        if total == 0:
+            raise DataError("the data sources produced no tokens (check paths, fields and caps)")
+        tok_sha = sha256_file(self.out / TOKENIZER_FILE)
+        d = self.cfg.data
+        dc = None
+        if self.decon is not None:
+            dc = {"ngram": d.decontam_ngram, "texts": decontam.describe(d.decontaminate),
+                  "eval_ngrams": self.decon.n_ngrams,
+                  "dropped_documents": sum(a["dropped_documents"] for a in acct),
+                  "dropped_tokens": sum(a["dropped_tokens"] for a in acct)}
+        return {
+            "format": FORMAT,
+            "spec": spec,
+            "dtype": self.dtype.name,
+            "tokenizer": {"file": TOKENIZER_FILE, "sha256": tok_sha, "vocab_size": self.vocab,
+                          "eos_token": self.eos_token, "eos_id": self.eos_id},
+            "mix": {"seed": d.shuffle_seed, "order": ORDER},
+            "sources": [{**asdict(s), "files": len(r.files), "est_bytes": r.est_bytes, **{k: acct[i][k] for k in ACCT}}
+                        for i, (s, r) in enumerate(zip(d.sources, self.readers))],
+            "decontamination": dc,
+            "shards": self.shards,
+            "n_shards": len(self.shards),
+            "total_tokens": total,
+            "fingerprint": corpus_fingerprint(self.shards, tok_sha, self.dtype.name),
+        }
+
+
+def _progress(enabled: bool, total_bytes: int, done_bytes: int, done_tokens: int):
+    """Text bytes against the estimated total (hence the ETA), with tokens/s alongside."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=None, unit="tok", unit_scale=True, desc="prepare", disable=not enabled, mininterval=1.0)
+    bar = tqdm(total=max(total_bytes, done_bytes), initial=done_bytes, unit="B", unit_scale=True, desc="prepare", disable=not enabled, mininterval=1.0,
+               bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} text [{elapsed}<{remaining}] {postfix}")
+    if done_tokens:
+        bar.set_description(f"prepare (continuing after {done_tokens:,} tokens)")
+    return bar

@@ -1,0 +1,185 @@
+"""Input sources: text files, JSONL, Parquet, `datasets` folders, each read from a resumable position.
+
+Every reader yields ``(text, nbytes, next_pos)``: the document, the bytes it took in the source (what size
+estimates and ``max_bytes`` are measured in), and a small JSON-able position from which reading resumes
+right after it. Positions are seekable (a byte offset in a JSONL file, a row in a Parquet file or a
+dataset), so continuing an interrupted prepare never re-reads what came before.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import sysconfig
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..config import SourceConfig
+from ..errors import DataError
+
+Doc = tuple[str, int, list[int]]
+GZIP_RATIO = 4  # size estimate of gzip-compressed text: the interleave only needs proportions
+SUFFIXES = {"jsonl": (".jsonl", ".json", ".jsonl.gz", ".json.gz"), "parquet": (".parquet",)}
+
+
+def stdlib_files() -> list[Path]:
+    """The running Python's own top-level library modules: a corpus present on every machine."""
+    return sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+
+
+def expand(path: str, kind: str = "text") -> list[Path]:
+    """A file, a folder (recursively; hidden files and, for JSONL/Parquet, other suffixes skipped) or a glob."""
+    p = Path(path).expanduser()
+    if p.is_file():
+        return [p]
+    if p.is_dir():
+        files = [q for q in p.rglob("*") if q.is_file() and not any(part.startswith(".") for part in q.relative_to(p).parts)]
+        if kind in SUFFIXES:
+            files = [q for q in files if q.name.endswith(SUFFIXES[kind])]
+        return sorted(files)
+    return sorted(Path(q) for q in glob.glob(str(p), recursive=True) if Path(q).is_file())
+
+
+def _open_text(path: Path):
+    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+
+
+class SourceReader:
+    """One configured source: its files, their identity and size, and documents from a position."""
+
+    def __init__(self, src: SourceConfig, index: int):
+        self.src, self.index = src, index
+        self.kind = src.kind
+        if src.kind == "stdlib":
+            self.files = stdlib_files()
+        else:
+            self.files = expand(src.path, src.kind)
+        if not self.files:
+            raise DataError(f"data source {index} ({src.kind} {src.path!r}) matches no files (check the path or glob)")
+        if src.kind == "hf_dataset":
+            self._dataset = self._load_dataset()
+        self.est_bytes = self._estimate()
+
+    def identity(self) -> list[list[Any]]:
+        """What the prepared bytes depend on, cheaply: every file's path, size and modification time."""
+        out = []
+        for f in self.files:
+            st = f.stat()
+            out.append([str(f.resolve()), st.st_size, st.st_mtime_ns])
+        return out
+
+    def _estimate(self) -> int:
+        if self.kind == "parquet":
+            import pyarrow.parquet as pq
+
+            total = 0
+            for f in self.files:
+                md = pq.ParquetFile(f).metadata
+                for g in range(md.num_row_groups):
+                    rg = md.row_group(g)
+                    total += sum(rg.column(c).total_uncompressed_size for c in range(rg.num_columns)
+                                 if rg.column(c).path_in_schema == self.src.field)
+            return total
+        if self.kind == "hf_dataset":
+            return sum(f.stat().st_size for f in self.files if f.suffix == ".arrow")
+        return sum(f.stat().st_size * (GZIP_RATIO if f.name.endswith(".gz") else 1) for f in self.files)
+
+    def start(self) -> list[int]:
+        return {"jsonl": [0, 0, 1], "parquet": [0, 0]}.get(self.kind, [0])
+
+    def read(self, pos: list[int]) -> Iterator[Doc]:
+        """Documents from ``pos`` on; each comes with the position just after it."""
+        if self.kind in ("text", "stdlib"):
+            return self._text(pos)
+        if self.kind == "jsonl":
+            return self._jsonl(pos)
+        if self.kind == "parquet":
+            return self._parquet(pos)
+        return self._hf(pos)
+
+    # ---- kinds
+    def _text(self, pos: list[int]) -> Iterator[Doc]:
+        for i in range(pos[0], len(self.files)):
+            with _open_text(self.files[i]) as fh:
+                raw = fh.read()
+            if raw:
+                yield raw.decode("utf-8", errors="replace"), len(raw), [i + 1]
+
+    def _jsonl(self, pos: list[int]) -> Iterator[Doc]:
+        """pos = [file, byte offset, line number]."""
+        fi, offset, lineno = pos
+        field = self.src.field
+        while fi < len(self.files):
+            path = self.files[fi]
+            with _open_text(path) as fh:
+                fh.seek(offset)
+                for line in fh:
+                    offset += len(line)
+                    lineno += 1
+                    if not line.strip():
+                        continue
+                    try:
+                        obj = json.loads(line)
+                    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                        raise DataError(f"{path}:{lineno - 1} is not valid JSON ({e}); fix or remove the line") from None
+                    if not isinstance(obj, dict) or field not in obj:
+                        raise DataError(f"{path}:{lineno - 1} has no field {field!r} (set field = \"...\" on the source)")
+                    value = obj[field]
+                    if value is None or value == "":
+                        continue
+                    yield (value if isinstance(value, str) else str(value)), len(line), [fi, offset, lineno]
+            fi, offset, lineno = fi + 1, 0, 1
+
+    def _parquet(self, pos: list[int]) -> Iterator[Doc]:
+        """pos = [file, row]; reading starts at the row group holding the row, one batch in memory."""
+        import pyarrow.parquet as pq
+
+        fi, row = pos
+        field = self.src.field
+        while fi < len(self.files):
+            pf = pq.ParquetFile(self.files[fi])
+            if field not in pf.schema_arrow.names:
+                raise DataError(f"{self.files[fi]} has no column {field!r} (columns: {', '.join(pf.schema_arrow.names)})")
+            md, first, g = pf.metadata, 0, 0
+            while g < md.num_row_groups and first + md.row_group(g).num_rows <= row:
+                first += md.row_group(g).num_rows
+                g += 1
+            if g < md.num_row_groups:
+                r = first
+                for batch in pf.iter_batches(batch_size=1024, row_groups=range(g, md.num_row_groups), columns=[field]):
+                    values = batch.column(0).to_pylist()
+                    for k in range(max(0, row - r), len(values)):
+                        v = values[k]
+                        if v is None or v == "":
+                            continue
+                        text = v if isinstance(v, str) else str(v)
+                        yield text, len(text.encode("utf-8")), [fi, r + k + 1]
+                    r += len(values)
+            fi, row = fi + 1, 0
+
+    def _load_dataset(self):
+        try:
+            import datasets
+        except ImportError:
+            raise DataError("source kind hf_dataset needs the `datasets` package (pip install datasets)") from None
+        try:
+            ds = datasets.load_from_disk(self.src.path)
+        except FileNotFoundError as e:
+            raise DataError(f"{self.src.path} is not a folder saved by datasets' save_to_disk ({e})") from None
+        if isinstance(ds, datasets.DatasetDict):
+            ds = ds["train"] if "train" in ds else ds[sorted(ds)[0]]
+        if self.src.field not in ds.column_names:
+            raise DataError(f"dataset {self.src.path} has no column {self.src.field!r} (columns: {', '.join(ds.column_names)})")
+        return ds.select_columns([self.src.field])
+
+    def _hf(self, pos: list[int]) -> Iterator[Doc]:
+        ds, field = self._dataset, self.src.field
+        for a in range(pos[0], len(ds), 1024):
+            values = ds[a : a + 1024][field]
+            for k, v in enumerate(values):
+                if v is None or v == "":
+                    continue
+                text = v if isinstance(v, str) else str(v)
+                yield text, len(text.encode("utf-8")), [a + k + 1]
