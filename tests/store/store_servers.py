@@ -166,6 +166,9 @@ class FaultyProxy:
                 pass
             return
         body = self._read_body(h, fault)
+        if body is None:  # the client went away mid-body: forward nothing, as a real server would
+            h.close_connection = True
+            return
         if fault is not None and fault.kind == "status":
             payload = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>"
                        f"{'SlowDown' if fault.status == 429 else 'ServiceUnavailable'}</Code>"
@@ -206,7 +209,7 @@ class FaultyProxy:
         seen.status = status
         self._reply(h, status, out_headers, data, head=method == "HEAD")
 
-    def _read_body(self, h: BaseHTTPRequestHandler, fault: Fault | None) -> bytes:
+    def _read_body(self, h: BaseHTTPRequestHandler, fault: Fault | None) -> bytes | None:
         slow = fault.slow_seconds_per_mb if fault is not None and fault.kind == "slow" else 0.0
         if h.headers.get("Transfer-Encoding", "").lower() == "chunked":
             parts = []
@@ -220,16 +223,18 @@ class FaultyProxy:
                 h.rfile.readline()
             return b"".join(parts)
         length = int(h.headers.get("Content-Length") or 0)
-        if not slow:
-            return h.rfile.read(length) if length else b""
         chunks, left = [], length
         while left:
-            c = h.rfile.read(min(left, 1 << 16))
+            try:
+                c = h.rfile.read(min(left, 1 << 16) if slow else left)
+            except OSError:
+                return None
             if not c:
-                break
+                return None
             chunks.append(c)
             left -= len(c)
-            time.sleep(slow * len(c) / (1 << 20))
+            if slow:
+                time.sleep(slow * len(c) / (1 << 20))
         return b"".join(chunks)
 
     @staticmethod
