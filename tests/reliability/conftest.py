@@ -1,0 +1,68 @@
+"""Fixtures for the reliability tests: a zygote that starts `baton` processes quickly, the S3 test server,
+and fake, recognisable store credentials that must never appear in any output."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "store"))  # the S3 test server of the store tests
+
+from zygote import Zygote  # noqa: E402
+
+# Recognisable fakes: the S3 test server accepts any credentials, and the secret test searches every
+# output for these strings.
+FAKE_KEY = "AKIDBATONRELIABLE001"
+FAKE_SECRET = "batonFakeSecret-7f3a9c-NEVER-PRINT-ME"
+FAKE_HF_TOKEN = "hf_batonFakeToken7f3a9cNeverPrint"
+SECRETS = (FAKE_KEY, FAKE_SECRET, FAKE_HF_TOKEN)
+
+
+# Variables of the machine running the tests that would point boto3 elsewhere.
+UNSET = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+
+
+@pytest.fixture(scope="session")
+def fake_env(tmp_path_factory) -> dict[str, str]:
+    """The environment of every process these tests start: fake credentials only, no ~/.aws of the machine."""
+    none = tmp_path_factory.getbasetemp() / "no-aws-config-reliability"
+    return {"AWS_ACCESS_KEY_ID": FAKE_KEY, "AWS_SECRET_ACCESS_KEY": FAKE_SECRET, "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_CONFIG_FILE": str(none), "AWS_SHARED_CREDENTIALS_FILE": str(none), "HF_TOKEN": FAKE_HF_TOKEN}
+
+
+@pytest.fixture(scope="session")
+def zygote(fake_env):
+    z = Zygote(env=fake_env, unset=UNSET)
+    yield z
+    z.close()
+
+
+@pytest.fixture(scope="session")
+def moto():
+    from store_servers import MotoServer
+
+    server = MotoServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(moto):
+    """make() -> (bucket name, raw boto3 client): a fresh bucket on the S3 test server."""
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client("s3", endpoint_url=moto.url, region_name="us-east-1", aws_access_key_id=FAKE_KEY,
+                          aws_secret_access_key=FAKE_SECRET, config=Config(s3={"addressing_style": "path"}))
+
+    def make() -> str:
+        name = f"rel-{uuid.uuid4().hex[:12]}"
+        client.create_bucket(Bucket=name)
+        return name
+
+    return make

@@ -1,0 +1,118 @@
+"""Drift on resume: a resume that would silently become another run is refused with every difference in
+one message; legitimate changes pass; deliberate ones pass with --allow-change KEY."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from baton.drift import ALLOWABLE, validate_allowed
+from baton.errors import BatonError
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("baton: error:")]
+
+
+@pytest.fixture
+def resumable(zygote, make_config, tmp_path):
+    """(train(*args), store): a run stopped at step 4 with a verified checkpoint."""
+    cfg = make_config()
+
+    def train(*args: str, timeout: float = 120):
+        return zygote.run(["train", "-c", cfg, "--no-progress", *args], tmp_path / "out", timeout=timeout)
+
+    first = train("--stop-after-steps", "4")
+    assert first.returncode == 0, first.stderr[-3000:]
+    return train, tmp_path / "store"
+
+
+def _pointer(store) -> dict:
+    return json.loads((store / "test" / "latest.json").read_text())
+
+
+def test_every_difference_in_one_message(resumable, zygote, make_config, tmp_path):
+    train, store = resumable
+    # Other data: the same sources under a different tokenizer, so the tokens and the fingerprint differ.
+    other = tmp_path / "other-corpus"
+    prep = zygote.run(["prepare", "-c", make_config("other.toml"), "--set", f"data.dir={other}",
+                       "--set", "data.tokenizer_vocab=400", "--no-progress"], tmp_path / "out")
+    assert prep.returncode == 0, prep.stderr[-2000:]
+    before = _pointer(store)
+
+    r = train("--set", "model.n_layers=3", "--set", "data.seq_len=16", "--set", "data.shuffle_seed=8",
+              "--set", "train.global_batch=12", "--set", f"data.dir={other}")
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    errors = _error_lines(r.stderr)
+    assert len(errors) == 1, r.stderr
+    msg = errors[0]
+    old_tok = json.loads((store / "test" / before["path"] / "state.json").read_text())["data"]["tokenizer_sha256"]
+    new_manifest = json.loads((other / "manifest.json").read_text())
+    for part in ("model.n_layers: checkpoint 2, now 3", "data.seq_len: checkpoint 32, now 16",
+                 "data.shuffle_seed: checkpoint 7, now 8", "train.global_batch: checkpoint 8, now 12",
+                 "tokens per step: checkpoint 256, now 192",
+                 f"data.fingerprint: checkpoint '{before['cursor']['dataset_fingerprint']}', "
+                 f"now '{new_manifest['fingerprint']}'",
+                 f"data.tokenizer: checkpoint sha256 {old_tok[:12]}…, now sha256 {new_manifest['tokenizer']['sha256'][:12]}…"):
+        assert part in msg, f"{part!r} missing from: {msg}"
+    assert "--allow-change for data.shuffle_seed, data.fingerprint, data.tokenizer" in msg
+    assert _pointer(store) == before  # a refused resume touches nothing in the store
+
+    # The same new data on purpose: allowed by name, and the cursor now names the new corpus.
+    r = train("--set", f"data.dir={other}", "--allow-change", "data.fingerprint", "--allow-change", "data.tokenizer",
+              "--stop-after-steps", "5")
+    assert r.returncode == 0, r.stderr[-3000:]
+    p = _pointer(store)
+    assert p["step"] == 5 and p["cursor"]["dataset_fingerprint"] == new_manifest["fingerprint"]
+
+
+def test_legitimate_changes_pass_and_are_logged(resumable):
+    train, store = resumable
+    r = train("--set", "train.steps=24", "--set", "optim.lr=1e-3", "--set", "train.micro_batch=2",
+              "--stop-after-steps", "6")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed at step 4" in r.stderr
+    log = next(line for line in r.stderr.splitlines() if line.startswith("resuming with changed settings"))
+    for part in ("train.steps: checkpoint 20, now 24", "optim.lr: checkpoint 0.003, now 0.001",
+                 "train.micro_batch: checkpoint 4, now 2"):
+        assert part in log
+    assert _pointer(store)["step"] == 6
+
+
+def test_a_horizon_below_the_checkpoint_is_refused(resumable):
+    train, store = resumable
+    r = train("--set", "train.steps=3")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert _error_lines(r.stderr) == ["baton: error: the horizon is 3 steps but the checkpoint is at step 4 (raise "
+                                      "train.steps or train.target_tokens, or start a new run.name)"]
+
+
+def test_allow_change_lets_a_deliberate_change_through(resumable, tmp_path):
+    train, store = resumable
+    refused = train("--set", "data.shuffle_seed=9")
+    assert refused.returncode == 2
+    (msg,) = _error_lines(refused.stderr)
+    assert "data.shuffle_seed: checkpoint 7, now 9" in msg and "--allow-change for data.shuffle_seed" in msg
+
+    ok = train("--set", "data.shuffle_seed=9", "--allow-change", "data.shuffle_seed", "--stop-after-steps", "5")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert "resuming with changes allowed by --allow-change: data.shuffle_seed: checkpoint 7, now 9" in ok.stderr
+    p = _pointer(store)
+    assert p["step"] == 5 and p["cursor"]["shuffle_seed"] == 9 and p["cursor"]["samples_consumed"] == 40
+
+    for flag, expect in (("model.hidden", "model.hidden cannot change on resume (the checkpoint's weights"),
+                         ("train.global_batch", "train.global_batch cannot change on resume (the data cursor"),
+                         ("optim.betas", "optim.betas is not a key --allow-change knows")):
+        r = train("--allow-change", flag)
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+        (line,) = _error_lines(r.stderr)
+        assert expect in line
+    assert _pointer(store)["step"] == 5
+
+
+def test_allow_change_keys_are_the_documented_ones():
+    assert validate_allowed(list(ALLOWABLE)) == set(ALLOWABLE)
+    with pytest.raises(BatonError, match="model.n_layers cannot change.*data.seq_len cannot change"):
+        validate_allowed(["model.n_layers", "data.seq_len"])
