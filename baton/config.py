@@ -19,6 +19,7 @@ from .errors import ConfigError
 
 ATTN_IMPLS = ("eager", "sdpa", "flash_attention_2")
 PRECISIONS = ("fp32", "bf16", "fp16")
+PARALLEL = ("ddp", "fsdp")
 SOURCE_KINDS = ("stdlib", "text", "jsonl", "parquet", "hf_dataset")
 
 
@@ -99,6 +100,8 @@ class TrainConfig:
     ckpt_every: int = 0  # also checkpoint every N steps (0 = only at the end of the session)
     log_every: int = 10  # progress/metrics cadence in steps (metrics.jsonl gets every step)
     max_nonfinite: int = 5  # consecutive skipped (non-finite) steps before the run stops
+    parallel: str = "ddp"  # ddp (a replica per rank) | fsdp (fully_shard: weights, grads, moments sharded)
+    dist_timeout: int = 600  # seconds a rank waits in a collective before failing (bounds a hang)
 
 
 @dataclass
@@ -361,6 +364,12 @@ def _semantic_problems(cfg: Config) -> list[str]:
             p.append(f"train.{k} must be >= 0")
     positive("train.log_every", t.log_every)
     positive("train.max_nonfinite", t.max_nonfinite)
+    positive("train.dist_timeout", t.dist_timeout)
+    if t.parallel not in PARALLEL:
+        p.append(f"train.parallel={t.parallel!r} is not one of {', '.join(PARALLEL)}")
+    elif t.parallel == "fsdp" and t.precision == "fp16":
+        p.append("train.parallel='fsdp' does not support precision fp16 (its GradScaler needs whole "
+                 "gradients); use precision bf16 or fp32 with fsdp")
     if s.verify not in ("sample", "full"):
         p.append(f"store.verify={s.verify!r} is not sample or full")
     positive("store.keep_last", s.keep_last)

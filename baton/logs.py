@@ -1,12 +1,28 @@
-"""Per-rank logging: every rank writes its own file; rank 0 (and any rank's warnings) reach stderr."""
+"""Per-rank logging: every rank writes its own file; rank 0 (and any rank's warnings) reach stderr.
+
+A rank that fails writes its full traceback to its own file and to stderr, and every rank ends its file
+with an exit record, so the launcher can tell, rank by rank, who failed first and who exited cleanly.
+"""
 
 from __future__ import annotations
 
 import logging
+import re
 import sys
+import threading
 from pathlib import Path
 
 _FMT = "%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"
+# The start of a record in a rank's file; whatever follows until the next one belongs to that record.
+RECORD_START = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} \[rank \d+\] ")
+EXIT_RECORD = re.compile(r"\bEXIT rank=(\d+) status=(-?\d+)$")
+TRACEBACK_HEAD = "Traceback (most recent call last):"
+
+log = logging.getLogger("baton")
+
+
+def log_file(log_dir: Path, rank: int) -> Path:
+    return log_dir / f"rank-{rank}.log"
 
 
 def setup(rank: int = 0, log_dir: Path | None = None, verbose: bool = False) -> Path | None:
@@ -24,10 +40,48 @@ def setup(rank: int = 0, log_dir: Path | None = None, verbose: bool = False) -> 
     path = None
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
-        path = log_dir / f"rank-{rank}.log"
+        path = log_file(log_dir, rank)
         fh = logging.FileHandler(path, encoding="utf-8")
         fh.setFormatter(logging.Formatter(_FMT.format(rank=rank)))
         fh._baton = True  # type: ignore[attr-defined]
+        fh._baton_file = True  # type: ignore[attr-defined]
         root.addHandler(fh)
+        _install_hooks(rank)
     root.propagate = False
     return path
+
+
+def log_failure(rank: int, exc: BaseException) -> None:
+    """The whole traceback, to this rank's file and to stderr (every rank's console shows errors)."""
+    log.error("rank %d failed: %s: %s", rank, type(exc).__name__, exc, exc_info=(type(exc), exc, exc.__traceback__))
+
+
+def exit_record(rank: int, status: int) -> None:
+    """The last line of a rank's session in its file (files only: the console has the outcome already)."""
+    file_only(logging.INFO, f"EXIT rank={rank} status={status}")
+
+
+def file_only(level: int, message: str) -> None:
+    """A record for this rank's log file that the console has already shown in its own words."""
+    record = log.makeRecord(log.name, level, __file__, 0, message, (), None)
+    for h in log.handlers:
+        if getattr(h, "_baton_file", False):
+            h.handle(record)
+            h.flush()
+
+
+def _install_hooks(rank: int) -> None:
+    # An exception that escapes somewhere the CLI does not catch (a thread, interpreter shutdown) still
+    # reaches this rank's file, not only a stderr that a cluster may have thrown away.
+    def excepthook(tp, value, tb):
+        log.error("rank %d: uncaught %s: %s", rank, tp.__name__, value, exc_info=(tp, value, tb))
+
+    def thread_hook(args):
+        if args.exc_type is SystemExit:
+            return
+        log.error("rank %d: uncaught %s in thread %s: %s", rank, args.exc_type.__name__,
+                  getattr(args.thread, "name", "?"), args.exc_value,
+                  exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+
+    sys.excepthook = excepthook
+    threading.excepthook = thread_hook

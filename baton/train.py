@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from . import dist
 from .config import Config
 from .errors import BatonError
+from .parallel import norm_value
 from .schedule import lr_factor
 from .session import Session
 
@@ -41,9 +42,9 @@ def train_step(s: Session, step: int) -> dict[str, Any]:
         loss_sum += loss.detach()
     s.scaler.unscale_(s.optimizer)
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
-    grad_norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), clip)
-    loss_val = dist.mean(float(loss_sum) / s.accum, s.device)
-    finite = math.isfinite(loss_val) and math.isfinite(float(grad_norm))
+    grad_norm = norm_value(torch.nn.utils.clip_grad_norm_(s.model.parameters(), clip))
+    loss_val, batch_sha = s.reduce_step(float(loss_sum) / s.accum)
+    finite = math.isfinite(loss_val) and math.isfinite(grad_norm)
     if s.scaler.is_enabled():
         scale = s.scaler.get_scale()
         s.scaler.step(s.optimizer)  # skips the update itself when gradients overflowed
@@ -56,8 +57,8 @@ def train_step(s: Session, step: int) -> dict[str, Any]:
     s.optimizer.zero_grad(set_to_none=True)
     dt = time.perf_counter() - t0
     tokens = cfg.train.global_batch * cfg.data.seq_len
-    return {"loss": loss_val, "lr": lr, "grad_norm": float(grad_norm), "tokens_per_s": tokens / dt,
-            "step_seconds": dt, "skipped": bool(skipped)}
+    return {"loss": loss_val, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens / dt,
+            "step_seconds": dt, "skipped": bool(skipped), "batch_sha": batch_sha}
 
 
 def train(s: Session) -> dict[str, Any]:
@@ -68,6 +69,7 @@ def train(s: Session) -> dict[str, Any]:
         if s.stop_requested():
             log.info("stopping at step %d on a signal", step)
             break
+        dist.fault_point(s.dist.rank, step)
         m = train_step(s, step)
         track_nonfinite(s, m, step)
         step += 1

@@ -1,0 +1,203 @@
+"""Preflight stages that train: throughput, resume (three legs), stop probe (half, wipe, finish)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..checkpoint.resume import read_pointer
+from ..model import param_count
+from ..store import delete_prefix, open_store
+from .core import Context, StageResult, finite, timed
+
+RESUME_LINE = re.compile(r"auto-resume: .* says step (\d+)")
+
+
+def _metrics(run_dir: Path) -> list[dict[str, Any]]:
+    f = run_dir / "metrics.jsonl"
+    return [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.is_file() else []
+
+
+def _fail_detail(p) -> str:
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    return f"exit {p.returncode}: " + " | ".join(lines[-3:])
+
+
+@timed
+def stage_throughput(ctx: Context) -> StageResult:
+    from ..bench import pick, run_grid
+    from ..plan import PlanInput, plan
+
+    r = StageResult("throughput")
+    cfg = ctx.scaled
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    micro = cfg.train.micro_batch
+    micros = sorted({micro, max(1, micro // 2)})
+    cells = run_grid(cfg, [cfg.model.attn], [cfg.data.seq_len], micros, [cfg.model.grad_ckpt], [False],
+                     cfg.tokens_per_step, device, warmup=1, steps=3, target_tokens=ctx.cfg.total_steps * ctx.cfg.tokens_per_step)
+    r.numbers["cells"] = [{"label": c.label, "status": c.status, "tokens_per_s": c.tokens_per_s,
+                           "peak_bytes": c.peak_bytes, "reason": c.reason} for c in cells]
+    best = pick(cells)
+    r.check("every grid cell ran or was recorded as OOM", all(c.status in ("ok", "OOM") for c in cells),
+            ", ".join(f"{c.label}: {c.status}" for c in cells))
+    if not r.check("a fastest cell was measured", best is not None and finite(best.tokens_per_s)):
+        return r
+    r.numbers["rate_tokens_per_s"] = best.tokens_per_s
+    r.numbers["picked"] = best.label
+    real = ctx.cfg
+    p = plan(PlanInput(total_steps=real.total_steps, tokens_per_step=real.tokens_per_step, rate=best.tokens_per_s,
+                       session_hours=ctx.session_hours, margin_hours=min(0.25, ctx.session_hours / 10)))
+    r.numbers["plan"] = p.to_dict()
+    r.check("the plan's sessions are contiguous and end at the horizon",
+            p.sessions[0].start_step == 0 and p.sessions[-1].stop_after_steps == real.total_steps
+            and all(a.stop_after_steps == b.start_step for a, b in zip(p.sessions, p.sessions[1:])),
+            f"{len(p.sessions)} sessions, ETA {p.to_dict()['eta']}")
+    return r
+
+
+@timed
+def stage_resume(ctx: Context) -> StageResult:
+    """Three legs; the local run folder is deleted before each resume, so only the store can help."""
+    try:
+        return _resume(ctx)
+    finally:
+        delete_prefix(open_store(ctx.store_url), f"{ctx.run_name('resume')}/")
+
+
+def _resume(ctx: Context) -> StageResult:
+    r = StageResult("resume")
+    n = ctx.leg_steps
+    horizon = 3 * n
+    run = ctx.run_name("resume")
+    run_dir = ctx.work / "runs" / run
+    store = open_store(ctx.store_url)
+    delete_prefix(store, f"{run}/")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    legs, cursors, resumes = [], [], []
+    for k in (1, 2, 3):
+        if k > 1:
+            shutil.rmtree(run_dir)  # a new machine: nothing local survives
+        p = ctx.train_leg("resume", horizon, k * n, resumed=k > 1)
+        legs.append({"leg": k, "exit": p.returncode})
+        if not r.check(f"leg {k} exits 0", p.returncode == 0, _fail_detail(p) if p.returncode else ""):
+            return r
+        if k > 1:
+            found = RESUME_LINE.search(p.stderr)
+            resumes.append(int(found.group(1)) if found else None)
+        pointer = read_pointer(store, run)
+        cursors.append(pointer["cursor"]["samples_consumed"] if pointer else None)
+        legs[-1].update(pointer_step=pointer and pointer["step"], samples=cursors[-1])
+    metrics = _metrics(run_dir)
+    loss = {m["step"]: m["loss"] for m in metrics}
+    around = [{"resume_at": b, "loss_before": loss.get(b), "loss_after": loss.get(b + 1)} for b in (n, 2 * n)]
+    summary = json.loads((run_dir / "run_summary.json").read_text())
+    r.numbers.update(legs=legs, resumed_at=resumes, samples_consumed=cursors, loss_around_resume=around,
+                     loss_trace=[[m["step"], m["loss"]] for m in metrics], val_loss=summary.get("val_loss"),
+                     params=summary.get("params"))
+    r.check("every resume reports the step it found in the store", resumes == [n, 2 * n], resumes)
+    r.check("cursor sample counts strictly increasing and distinct",
+            all(isinstance(c, int) for c in cursors) and all(a < b for a, b in zip(cursors, cursors[1:])), cursors)
+    r.check("sample counts are step x samples per step",
+            cursors == [k * n * ctx.scaled.train.global_batch for k in (1, 2, 3)], cursors)
+    r.check("loss finite on both sides of every resume",
+            all(finite(a["loss_before"]) and finite(a["loss_after"]) for a in around),
+            "; ".join(f"step {a['resume_at']}: {a['loss_before']:.4f} -> {a['loss_after']:.4f}" for a in around
+                      if finite(a["loss_before"]) and finite(a["loss_after"])))
+    r.check("loss trace complete across the wipes", [m["step"] for m in metrics] == list(range(1, horizon + 1)))
+    r.check("resumed model has the configured parameter count", summary.get("params") == param_count(ctx.scaled.model),
+            summary.get("params"))
+    _plot_legs(ctx, metrics, [n, 2 * n], r)
+    return r
+
+
+@timed
+def stage_stop_probe(ctx: Context) -> StageResult:
+    """Stop at half the horizon, wipe, resume from the store alone to the horizon, evaluate, export."""
+    try:
+        return _stop_probe(ctx)
+    finally:
+        delete_prefix(open_store(ctx.store_url), f"{ctx.run_name('stop')}/")
+
+
+def _stop_probe(ctx: Context) -> StageResult:
+    r = StageResult("stop_probe")
+    half = ctx.leg_steps
+    horizon = 2 * half
+    run = ctx.run_name("stop")
+    run_dir = ctx.work / "runs" / run
+    store = open_store(ctx.store_url)
+    delete_prefix(store, f"{run}/")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    gb = ctx.scaled.train.global_batch
+
+    p1 = ctx.train_leg("stop", horizon, half)
+    r.check("leg 1 exits 0", p1.returncode == 0, _fail_detail(p1) if p1.returncode else "")
+    ptr1 = read_pointer(store, run)
+    s1 = json.loads((run_dir / "run_summary.json").read_text()) if (run_dir / "run_summary.json").is_file() else {}
+    r.check("the stop lands on the boundary", s1.get("steps_done") == half, s1.get("steps_done"))
+    r.check("the pointer names the stop step", bool(ptr1) and ptr1["step"] == half and ptr1["path"] == f"ckpt/step-{half}",
+            ptr1 and ptr1["path"])
+    r.check("the local copy was pruned after verification", not any((run_dir / "ckpt").glob("step-*")))
+    r.check("validation skipped on a segment that ends before the horizon", s1.get("val_loss") is None)
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+    p2 = ctx.train_leg("stop", horizon, horizon, resumed=True)
+    r.check("leg 2 exits 0", p2.returncode == 0, _fail_detail(p2) if p2.returncode else "")
+    found = RESUME_LINE.search(p2.stderr)
+    r.check("leg 2 resumes from the store at the stop step", bool(found) and int(found.group(1)) == half,
+            found and found.group(0))
+    ptr2 = read_pointer(store, run)
+    s2 = json.loads((run_dir / "run_summary.json").read_text()) if (run_dir / "run_summary.json").is_file() else {}
+    c1, c2 = (ptr1 or {}).get("cursor", {}), (ptr2 or {}).get("cursor", {})
+    r.check("sample counts are step x samples per step",
+            c1.get("samples_consumed") == half * gb and c2.get("samples_consumed") == horizon * gb,
+            [c1.get("samples_consumed"), c2.get("samples_consumed")])
+    r.check("dataset and permutation fingerprints identical across the resume",
+            bool(c1) and all(c1[k] == c2.get(k) for k in ("dataset_fingerprint", "permutation_fingerprint")))
+    r.check("tokens consumed equal the horizon", s2.get("tokens_consumed") == horizon * ctx.scaled.tokens_per_step,
+            s2.get("tokens_consumed"))
+    r.check("parameter count as configured", s2.get("params") == param_count(ctx.scaled.model), s2.get("params"))
+    r.check("final evaluation ran", finite(s2.get("val_loss")), s2.get("val_loss"))
+    r.check("final pointer rolled to the completed run",
+            bool(ptr2) and ptr2.get("complete") is True and ptr2["step"] == horizon and "final" in ptr2)
+    r.check("the exported model loads with transformers", _loads(run_dir / "final"))
+    failed = [c.name for c in r.checks if not c.ok]
+    r.numbers["verdict"] = "VERDICT PASS" if not failed else f"VERDICT FAIL {failed}"
+    r.numbers.update(val_loss=s2.get("val_loss"), stop_step=half, horizon=horizon)
+    return r
+
+
+def _loads(folder: Path) -> bool:
+    try:
+        from transformers import AutoModelForCausalLM
+
+        AutoModelForCausalLM.from_pretrained(str(folder))
+        return True
+    except Exception:
+        return False
+
+
+def _plot_legs(ctx: Context, metrics: list[dict[str, Any]], resumes: list[int], r: StageResult) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.plot([m["step"] for m in metrics], [m["loss"] for m in metrics], marker=".", color="#1f77b4")
+    for b in resumes:
+        ax.axvline(b + 0.5, color="#d62728", linestyle="--", linewidth=1)
+        ax.text(b + 0.6, ax.get_ylim()[1], "wipe + resume", color="#d62728", fontsize=7, va="top")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.set_title("loss across the resume legs")
+    fig.tight_layout()
+    path = ctx.out / "loss_legs.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    r.artifacts.append(path.name)

@@ -1,0 +1,173 @@
+"""Preflight stages that need no training run: construct, data, storage."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import torch
+
+from ..checkpoint.cycle import push_checkpoint
+from ..checkpoint.resume import pull_checkpoint, read_pointer
+from ..checkpoint.state import rng_state, save_checkpoint
+from ..data.manifest import verify_manifest
+from ..data.reader import Cursor, WindowDataset, prefix_collisions
+from ..model import build_model, count_parameters, param_count
+from ..schedule import decay_begin, lr_factor, plateau_share
+from ..session import adamw, check_precision
+from ..store import delete_prefix, open_store
+from .core import Context, StageResult, timed
+
+
+@timed
+def stage_construct(ctx: Context) -> StageResult:
+    r = StageResult("construct")
+    cfg, small = ctx.cfg, ctx.scaled
+    expected = param_count(cfg.model)
+    built = count_parameters(build_model(cfg.model, "meta"))
+    r.numbers.update(params_closed_form=expected, params_built=built, params_stand_in=param_count(small.model))
+    r.check("config validates", True, ctx.config_path)
+    r.check("closed-form parameter count equals the built model", built == expected, f"{built:,} vs {expected:,}")
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = build_model(small.model, device, seed=small.train.seed)
+    x = torch.randint(0, min(small.model.vocab_size, 1000), (2, min(small.data.seq_len, 64)), device=device)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(small.train.precision)
+    with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+        loss = model(input_ids=x, labels=x).loss
+    loss.backward()
+    grads = [p.grad for p in model.parameters()]
+    r.numbers["first_loss"] = float(loss.detach())
+    r.check("forward loss is finite", torch.isfinite(loss).item(), f"{float(loss):.4f}")
+    r.check("backward gives finite gradients for every parameter",
+            all(g is not None and torch.isfinite(g).all().item() for g in grads))
+
+    total = cfg.total_steps
+    w, d = cfg.optim.warmup_steps, cfg.optim.decay_start
+    shape = {
+        "total_steps": total,
+        "plateau_share": plateau_share(total, w, d),
+        "factor_at_80pct": lr_factor(min(total - 1, int(total * 0.8)), total, w, d),
+        "factor_at_90pct": lr_factor(min(total - 1, round(total * 0.9)), total, w, d),
+        "factor_final_update": lr_factor(total - 1, total, w, d),
+    }
+    r.numbers["schedule"] = shape
+    d0 = decay_begin(total, d)
+    shape_ok = (lr_factor(d0, total, w, d) == 1.0 and lr_factor(total - 1, total, w, d) == 1 / (total - d0)
+                and all(lr_factor(s, total, w, d) > 0 for s in (0, d0 - 1, total - 1)))
+    r.check("schedule: warmup, plateau, linear decay ending one step short of zero", shape_ok,
+            f"plateau {shape['plateau_share']:.1%}, 1.0 at 80 %, {shape['factor_at_90pct']:.2f} at 90 %, "
+            f"{shape['factor_final_update']:.4f} at the final update")
+
+    opt = adamw(model, small, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=small.train.precision == "fp16")
+    try:
+        check_precision(model, scaler, small.train.precision)
+        r.check("precision asserted: fp32 master weights, GradScaler live exactly when fp16", True,
+                f"{small.train.precision}, scaler {'on' if scaler.is_enabled() else 'off'}")
+    except RuntimeError as e:
+        r.check("precision asserted: fp32 master weights, GradScaler live exactly when fp16", False, e)
+    del opt
+    r.numbers["precision"] = {"configured": cfg.train.precision, "tested": small.train.precision,
+                              "device": str(device)}
+    return r
+
+
+@timed
+def stage_data(ctx: Context) -> StageResult:
+    r = StageResult("data")
+    cfg = ctx.scaled
+    report = verify_manifest(cfg.data.dir)
+    r.numbers["verify"] = {"files_hashed": report.files_hashed, "total_tokens": report.total_tokens,
+                           "mismatches": len(report.problems), "problems": report.problems}
+    r.check("every shard hashes to its manifest entry", report.ok, report.summary())
+
+    ds = WindowDataset(cfg.data.dir, cfg.data.seq_len, cfg.data.shuffle_seed, cfg.data.val_windows)
+    real = ctx.cfg
+    train_tokens = ds.n_train * cfg.data.seq_len
+    horizon = real.total_steps * real.tokens_per_step
+    r.numbers["geometry"] = {
+        "tokens": ds.stream.total, "seq_len": cfg.data.seq_len, "windows": ds.n_windows, "train_windows": ds.n_train,
+        "val_windows": ds.n_val, "horizon_tokens": horizon, "epochs": horizon / train_tokens,
+        "margin": (train_tokens - horizon) / horizon, "fingerprint": ds.fingerprint,
+        "permutation_fingerprint": ds.permutation_fingerprint,
+    }
+
+    gb, steps = cfg.train.global_batch, max(3, cfg.total_steps)
+    boundaries = sorted({1, steps // 3, (2 * steps) // 3, steps - 1, ds.n_train // gb + 1})
+    same = []
+    for b in boundaries:
+        # The real save/load path: cursor -> JSON -> cursor -> a fresh reader slicing at it.
+        saved = json.loads(json.dumps(ds.cursor(b * gb, b).to_dict()))
+        fresh = WindowDataset(cfg.data.dir, cfg.data.seq_len, cfg.data.shuffle_seed, cfg.data.val_windows)
+        cursor = Cursor.from_dict(saved)
+        fresh.check_cursor(cursor)
+        a = ds.train_batch(b * gb, gb)
+        c = fresh.train_batch(cursor.samples_consumed, gb)
+        same.append(torch.equal(a[0], c[0]) and torch.equal(a[1], c[1])
+                    and fresh.permutation_fingerprint == ds.permutation_fingerprint)
+    r.numbers["resume_boundaries"] = boundaries
+    r.check("resume reads the same windows at every boundary", all(same) and len(boundaries) >= 3,
+            f"{len(boundaries)} boundaries: {boundaries}")
+
+    x, y = ds.train_batch(0, 4)
+    r.check("labels are next-token", torch.equal(x[:, 1:], y[:, :-1]))
+    other = WindowDataset(cfg.data.dir, cfg.data.seq_len, cfg.data.shuffle_seed + 1, cfg.data.val_windows)
+    first = ds.train_window_ids(0, min(64, ds.n_train))
+    r.check("same seed gives the same order, another seed another",
+            (first == WindowDataset(cfg.data.dir, cfg.data.seq_len, cfg.data.shuffle_seed, cfg.data.val_windows)
+             .train_window_ids(0, len(first))).all() and not (first == other.train_window_ids(0, len(first))).all())
+    collisions = prefix_collisions(ds, 64) if ds.n_windows <= 2_000_000 else None
+    r.numbers["val_prefix_collisions"] = collisions
+    r.check("no validation window's first 64 tokens equal a training window's",
+            None if collisions is None else collisions == 0,
+            "not checked above 2M windows (a full prefix index would not fit a preflight)" if collisions is None
+            else f"{collisions} collisions")
+    return r
+
+
+@timed
+def stage_storage(ctx: Context) -> StageResult:
+    """A checkpoint of the configured shape (random weights, real size) through the full cycle."""
+    r = StageResult("storage")
+    cfg = ctx.cfg if ctx.scale == "real" else ctx.scaled
+    store = open_store(ctx.store_url)
+    run = ctx.run_name("storage")
+    delete_prefix(store, f"{run}/")
+    model = build_model(cfg.model, "cpu", seed=0)
+    opt = adamw(model, cfg, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(0)
+    for p in model.parameters():  # real bytes, not zeros that a store might compress away
+        opt.state[p] = {"step": torch.tensor(1.0), "exp_avg": torch.randn(p.shape, generator=gen) * 1e-3,
+                        "exp_avg_sq": torch.rand(p.shape, generator=gen) * 1e-6}
+    folder = ctx.work / "storage" / "step-1"
+    cursor = Cursor(cfg.train.global_batch, 1, cfg.data.seq_len, cfg.data.shuffle_seed, "preflight", "preflight")
+    t = time.perf_counter()
+    save_checkpoint(folder, model, opt, {"step": 1, "cursor": cursor.to_dict(), "config": cfg.to_dict(),
+                                         "rng": {"world_size": 1, "ranks": [rng_state()]}}, None)
+    r.numbers["save_seconds"] = round(time.perf_counter() - t, 3)
+    size = sum(f.stat().st_size for f in folder.iterdir())
+    r.numbers["checkpoint_bytes"] = size
+    del model, opt
+    free_before = shutil.disk_usage(ctx.work).free
+    result = push_checkpoint(store, run, folder, 1, cursor.to_dict(), cfg.store.verify, keep_last=1)
+    free_after = shutil.disk_usage(ctx.work).free
+    r.numbers.update(push_verify_seconds=round(result.seconds, 3), timings={k: round(v, 3) for k, v in result.timings.items()},
+                     free_bytes_before_prune=free_before, free_bytes_after_prune=free_after,
+                     throughput_mb_s=round(size / 1e6 / max(result.seconds, 1e-9), 1))
+    r.check("push verified against the store's listing and ranged read-back", result.verified, store.describe())
+    pointer = read_pointer(store, run)
+    r.check("pointer read back names the pushed checkpoint", pointer is not None and pointer["step"] == 1)
+    r.check("local copy pruned only after verification", not folder.exists(),
+            f"{free_before / 1e9:.2f} -> {free_after / 1e9:.2f} GB free")
+    pulled = ctx.work / "storage" / "cold-pull"
+    t = time.perf_counter()
+    pull_checkpoint(store, run, pointer, pulled)
+    r.numbers["cold_pull_seconds"] = round(time.perf_counter() - t, 3)
+    r.check("cold pull into an empty folder, every sha256 checked",
+            sorted(p.name for p in pulled.iterdir()) == sorted(pointer["files"]))
+    shutil.rmtree(pulled)
+    delete_prefix(store, f"{run}/")
+    r.check("scratch location cleaned up", not store.list(f"{run}/"))
+    return r
