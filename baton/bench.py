@@ -61,7 +61,7 @@ class Cell:
 
     @property
     def label(self) -> str:
-        return (f"{self.attn} s{self.seq_len} m{self.micro_batch}x{self.accum}"
+        return (f"{self.attn} s{self.seq_len} m{self.micro_batch}{f'x{self.accum}' if self.accum else ''}"
                 f"{' ckpt' if self.grad_ckpt else ''}{' compile' if self.compile else ''}")
 
 
@@ -268,17 +268,24 @@ def pick(cells: list[Cell], cap: int | None = None, allow_compile: bool = False)
     return max(ok, key=lambda c: c.tokens_per_s or 0.0) if ok else None
 
 
-def overrides(cell: Cell, cfg: Config, ranks: int = 1) -> list[str]:
-    """The ``--set`` overrides that make ``cfg`` train as ``cell`` (same tokens per step)."""
+def overrides(cell: Cell, cfg: Config, tokens_per_step: int | None = None, ranks: int = 1) -> list[str]:
+    """The ``--set`` overrides that make ``cfg`` train as ``cell`` was measured: its attention, checkpointing,
+    micro-batch and sequence length, at the bench's tokens per step (per rank) x ``ranks``."""
+    tps = (tokens_per_step or cfg.tokens_per_step // ranks) * ranks
+    if tps % cell.seq_len:
+        raise BatonError(f"seq_len {cell.seq_len} does not divide {tps:,} tokens per step")
+    global_batch = tps // cell.seq_len
+    if global_batch % (cell.micro_batch * ranks):
+        raise BatonError(f"a global batch of {global_batch} samples is not a multiple of micro-batch "
+                         f"{cell.micro_batch} x {ranks} rank(s)")
     out = [f"model.attn={cell.attn}", f"model.grad_ckpt={'true' if cell.grad_ckpt else 'false'}",
            f"train.micro_batch={cell.micro_batch}"]
     if cell.seq_len != cfg.data.seq_len:
-        if cfg.tokens_per_step % cell.seq_len:
-            raise BatonError(f"seq_len {cell.seq_len} does not divide {cfg.tokens_per_step} tokens per step")
         out.append(f"data.seq_len={cell.seq_len}")
-        out.append(f"train.global_batch={cfg.tokens_per_step // cell.seq_len}")
         if cell.seq_len > cfg.model.max_seq_len:
             out.append(f"model.max_seq_len={cell.seq_len}")
+    if global_batch != cfg.train.global_batch:
+        out.append(f"train.global_batch={global_batch}")
     if cell.compile:
         out.append("train.compile=true")
     return out
@@ -289,6 +296,10 @@ def overrides(cell: Cell, cfg: Config, ranks: int = 1) -> list[str]:
 
 def _mib(v: int | None) -> str:
     return "—" if v is None else f"{v / MiB:,.1f}"
+
+
+def _hours(h: float | None) -> str:
+    return "—" if h is None else f"{h:,.1f}" if h >= 10 else f"{h:.3g}"
 
 
 def table(cells: list[Cell], device: torch.device) -> str:
@@ -304,7 +315,7 @@ def table(cells: list[Cell], device: torch.device) -> str:
             f"| {c.attn} | {c.seq_len} | {c.micro_batch} x {c.accum or '—'} | {'on' if c.grad_ckpt else 'off'} | "
             f"{'on' if c.compile else 'off'} | {'—' if c.tokens_per_s is None else f'{c.tokens_per_s:,.0f}'} | "
             f"{'—' if c.step_seconds is None else f'{c.step_seconds:.3f}'} | {_mib(m1)} | {_mib(m2)} | "
-            f"{_mib(c.estimate_bytes)} | {'—' if c.hours_for_target is None else f'{c.hours_for_target:,.1f}'} | "
+            f"{_mib(c.estimate_bytes)} | {_hours(c.hours_for_target)} | "
             f"{status} |")
     return "\n".join(lines)
 
@@ -326,7 +337,7 @@ def plot(cells: list[Cell], path: Path, cap: int | None, device: torch.device) -
     a1.set_xlabel("tokens/s")
     for i, c in enumerate(cells):
         if c.status != "ok":
-            a1.text(0, i, f" {c.status}", va="center", fontsize=8, color="tab:red")
+            a1.text(0, i, f" {c.status}", va="center", fontsize=8, color=colors[i])
     a2.barh(y, mems, color=colors)
     a2.set_xlabel("peak reserved MiB" if device.type == "cuda" else "RSS added by the cell, MiB")
     if cap is not None:

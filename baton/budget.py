@@ -8,9 +8,14 @@ estimate errs towards stopping early. Before any cycle is measured, ``ckpt_guess
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import time
 from collections import deque
+from typing import Any
+
+log = logging.getLogger(__name__)
 
 RECENT_STEPS = 10
 
@@ -53,10 +58,11 @@ class TimeBudget:
         where the exported model is pushed too (counted as one more cycle)."""
         return self.step_estimate + self.ckpt_estimate * (2 if final else 1) + self.margin_s
 
-    def should_stop(self, now: float, final: bool = False) -> bool:
+    def should_stop(self, now: float, final: bool = False, in_flight: bool = False) -> bool:
+        """``in_flight``: a background push is still running; the session waits for it before its last one."""
         if self.deadline is None:
             return False
-        return now + self.needed(final) > self.deadline
+        return now + self.needed(final) + (self.ckpt_estimate if in_flight else 0.0) > self.deadline
 
     def checkpoint_due(self, now: float) -> bool:
         return self.ckpt_every_s > 0 and now - self.last_ckpt >= self.ckpt_every_s
@@ -78,3 +84,43 @@ def process_start_time() -> float:
         return min(time.time(), btime + ticks / os.sysconf("SC_CLK_TCK"))  # btime is whole seconds: errs early
     except (OSError, ValueError, IndexError, StopIteration):
         return time.time()
+
+
+# A repeat of the stop signal this soon after the first is the same request delivered twice (to the process
+# group by the platform and once more by a launcher that forwards it).
+DUPLICATE_SIGNAL_S = 2.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+class StopSignals:
+    """SIGTERM, SIGINT and SIGUSR1 set a flag the loop reads at each step boundary; a second signal (after
+    the duplicate window) restores the default action and re-raises it, so the process ends at once."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.at = 0.0
+        self._old: dict[int, Any] = {}
+
+    def _handler(self, signum, frame) -> None:
+        now = time.monotonic()
+        if self.signum is not None:
+            if now - self.at < DUPLICATE_SIGNAL_S:
+                return
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self.signum, self.at = signum, now
+        log.warning("received %s: will checkpoint at the next step boundary and exit 0 (a second signal exits at "
+                    "once)", signal.Signals(signum).name)
+
+    def install(self) -> None:
+        try:
+            for s in STOP_SIGNALS:
+                self._old[s] = signal.signal(s, self._handler)
+        except ValueError:  # not the main thread (embedded use): no signal handling
+            self.restore()
+
+    def restore(self) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+        self._old = {}

@@ -114,6 +114,24 @@ class StoreConfig:
 
 
 @dataclass
+class BudgetConfig:
+    """Time and quota: when a session must stop, how hours are billed, what the quota allows."""
+
+    session_hours: float = 0.0  # stop in time to checkpoint within H hours of `baton train` starting (0 = no limit)
+    margin_minutes: float = 5.0  # kept free before the deadline, on top of the measured step and checkpoint times
+    ckpt_minutes: float = 0.0  # also checkpoint when M minutes passed since the last one (0 = step cadence only)
+    ckpt_seconds: float = 0.0  # expected checkpoint cycle before one is measured (0 = a slow guess from the model size)
+    startup_minutes: float = 0.0  # plan: time per session before the first step (install, pull, build)
+    heartbeat_minutes: float = 10.0  # ledger heartbeat between checkpoints (0 = at checkpoints only)
+    bill_factor: float = 0.0  # billed hours per wall-clock hour (0 = one per rank; 1 for a platform that bills the machine)
+    quota_hours: float = 0.0  # billed hours allowed per quota period (0 = no quota)
+    quota_period_days: float = 7.0  # length of a quota period
+    quota_reset: str = ""  # an instant at which the quota resets, recurring every period (e.g. 2026-09-26T00:00Z)
+    cap_hours: float = 0.0  # cap on the billed hours of this run, e.g. a budget for tests (0 = none)
+    tripwires: list[str] = field(default_factory=list)  # 'RATE: target=0.9B' or 'RATE: micro=8, accum=16'
+
+
+@dataclass
 class RunConfig:
     """Names the run; the store prefix and local run directory derive from it."""
 
@@ -129,6 +147,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
 
     # ---- derived quantities (never stored, always recomputed) ----
     @property
@@ -375,9 +394,34 @@ def _semantic_problems(cfg: Config) -> list[str]:
     positive("store.keep_last", s.keep_last)
     if not s.url:
         p.append("store.url is empty (a local folder, s3://bucket/prefix or hf://owner/repo)")
+    b = cfg.budget
+    for k in ("session_hours", "margin_minutes", "ckpt_minutes", "ckpt_seconds", "startup_minutes",
+              "heartbeat_minutes", "bill_factor", "quota_hours", "cap_hours"):
+        if getattr(b, k) is not None and getattr(b, k) < 0:
+            p.append(f"budget.{k} must be >= 0, got {getattr(b, k)}")
+    if b.quota_period_days is not None and b.quota_period_days <= 0:
+        p.append(f"budget.quota_period_days must be > 0, got {b.quota_period_days}")
+    if b.quota_hours and not b.quota_reset:
+        p.append("budget.quota_hours is set but budget.quota_reset is not (e.g. quota_reset = \"2026-09-26T00:00Z\")")
+    p.extend(_budget_text_problems(b))
     if not cfg.run.name or "/" in cfg.run.name or cfg.run.name in (".", ".."):
         p.append(f"run.name={cfg.run.name!r} must be a plain name without '/'")
     return p
+
+
+def _budget_text_problems(b: BudgetConfig) -> list[str]:
+    from .errors import BatonError
+    from .plan import parse_instant, parse_tripwire
+
+    out = []
+    try:
+        if b.quota_reset:
+            parse_instant(b.quota_reset, "budget.quota_reset")
+        for w in b.tripwires or []:
+            parse_tripwire(w)
+    except BatonError as e:
+        out.append(str(e))
+    return out
 
 
 def _divisors_near(n: int, k: int) -> str:

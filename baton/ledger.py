@@ -168,14 +168,12 @@ class Totals:
     cap_left: float | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"billed_hours": round(self.billed_hours, 6), "sessions": self.sessions,
-                "open_sessions": self.open_sessions,
-                "period_hours": None if self.period_hours is None else round(self.period_hours, 6),
+        return {"billed_hours": self.billed_hours, "sessions": self.sessions, "open_sessions": self.open_sessions,
+                "period_hours": self.period_hours,
                 "period_start": iso(self.period_start) if self.period_start else None,
                 "period_end": iso(self.period_end) if self.period_end else None,
-                "quota_hours": self.quota_hours,
-                "quota_left": None if self.quota_left is None else round(self.quota_left, 6),
-                "cap_hours": self.cap_hours, "cap_left": None if self.cap_left is None else round(self.cap_left, 6)}
+                "quota_hours": self.quota_hours, "quota_left": self.quota_left,
+                "cap_hours": self.cap_hours, "cap_left": self.cap_left}
 
 
 def quota_from(budget: Any, now: datetime | None = None) -> Quota | None:

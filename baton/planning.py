@@ -176,7 +176,10 @@ def run_bench(args, cfg: Config) -> int:
             print("no cell ran within the cap" + ("" if allow_compile else " (compiled cells are not eligible: "
                                                   "baton train does not compile)"))
             return 1
-        sets = " ".join(f"--set {o}" for o in bench.overrides(chosen, cfg, args.ranks))
+        sets = " ".join(f"--set {o}" for o in bench.overrides(chosen, cfg, tps, args.ranks))
+        if tps * args.ranks != cfg.tokens_per_step:
+            print(f"note: the bench ran at {tps * args.ranks:,} tokens per step, the config trains "
+                  f"{cfg.tokens_per_step:,}; the overrides set the global batch to what was measured")
         print(f"picked {chosen.label}: {chosen.tokens_per_s:,.0f} tok/s, peak {chosen.peak_bytes / bench.MiB:,.1f} "
               f"MiB{f' (cap {cap / bench.MiB:,.0f} MiB)' if cap else ''}")
         print(f"overrides: {sets}")

@@ -66,9 +66,12 @@ def train(s: Session) -> dict[str, Any]:
     step, t0, start = s.step, time.perf_counter(), s.step
     s.progress()
     while step < s.stop_step:
-        if s.stop_requested():
-            log.info("stopping at step %d on a signal", step)
+        stop, timed_checkpoint = s.at_boundary(step)  # signal, time budget, timed cadence: agreed by all ranks
+        if stop:
+            log.info("stopping at step %d: %s", step, stop)
             break
+        if timed_checkpoint and step > start and s.last_checkpoint_step != step:
+            s.checkpoint(step)
         dist.fault_point(s.dist.rank, step)
         m = train_step(s, step)
         track_nonfinite(s, m, step)
@@ -77,7 +80,7 @@ def train(s: Session) -> dict[str, Any]:
         if s.checkpoint_due(step):
             s.checkpoint(step)
     elapsed = time.perf_counter() - t0
-    if step > start:  # a session that trained anything ends with a verified checkpoint
+    if step > start and s.last_checkpoint_step != step:  # a session that trained ends with a verified checkpoint
         s.checkpoint(step)
     if step == s.total_steps:
         s.finish()
@@ -104,18 +107,36 @@ def track_nonfinite(s: Session, m: dict[str, Any], step: int) -> None:
         )
 
 
-def run(cfg: Config, resume: str = "auto", stop_after: int | None = None, progress: bool = True) -> dict[str, Any]:
-    s = Session(cfg, resume=resume, stop_after=stop_after, progress=progress)
+def run(cfg: Config, resume: str = "auto", stop_after: int | None = None, progress: bool = True,
+        deadline: float | None = None, started: float | None = None,
+        allow_change: tuple[str, ...] = ()) -> dict[str, Any]:
+    s = Session(cfg, resume=resume, stop_after=stop_after, progress=progress, deadline=deadline, started=started,
+                allow_change=allow_change)
+    outcome = "failed"
     try:
         if s.complete_pointer is not None:
             p = s.complete_pointer
             log.info("run %r is complete in %s: step %d/%d, val_loss %s; final model at %s/final. Nothing to do.",
                      s.run, s.store.describe(), p["step"], s.total_steps,
                      f"{p['val_loss']:.4f}" if isinstance(p.get("val_loss"), float) else "n/a", s.run)
+            outcome = "nothing to do: the run is complete"
             return {"complete": True, "steps_done": p["step"], "total_steps": s.total_steps}
-        return train(s)
+        summary = train(s)
+        outcome = session_outcome(s, summary["steps_done"])
+        return summary
+    except BaseException as e:  # the ledger records why the session ended, then the error goes on
+        outcome = f"failed: {type(e).__name__}: {e}"
+        raise
     finally:
-        s.close()
+        s.close(outcome)
+
+
+def session_outcome(s: Session, step: int) -> str:
+    if step >= s.total_steps:
+        return "completed"
+    if s.stopped_by:
+        return f"stopped: {s.stopped_by}"
+    return f"stopped at step {step} (--stop-after-steps)"
 
 
 def main(argv: list[str] | None = None) -> int:

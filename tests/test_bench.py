@@ -1,0 +1,102 @@
+"""`baton bench` on CPU: a small grid, an impossible cell recorded as OOM, and --pick."""
+
+import json
+
+import pytest
+
+from baton.bench import MiB, Cell, _is_oom, estimate_bytes, overrides, parse_size, pick
+from baton.config import load_config
+from baton.errors import BatonError
+
+CAP_MIB = 64
+
+
+def test_bench_grid_oom_and_pick(make_config, baton_cli, tmp_path):
+    cfg = str(make_config())
+    out = tmp_path / "bench"
+    # 2,048 tokens per step in every cell. Eager attention at 2,048 tokens keeps a 2,048 x 2,048 score
+    # matrix per head and layer (~288 MiB): over the cap, so it must be recorded as OOM, not crash.
+    p = baton_cli("bench", "-c", cfg, "--attn", "eager,sdpa", "--seq", "256,2048", "--micro", "1,8",
+                  "--grad-ckpt", "off", "--tokens-per-step", "2048", "--warmup", "1", "--steps", "2",
+                  "--mem-cap", f"{CAP_MIB}MiB", "--out", str(out), "--pick", timeout=300)
+    assert p.returncode == 0, p.stderr
+    data = json.loads((out / "bench.json").read_text())
+    cells = {c["label"]: c for c in data["cells"]}
+    assert len(cells) == 8 and data["cap_bytes"] == CAP_MIB * MiB
+
+    impossible = cells["eager s2048 m1x1"]
+    assert impossible["status"] == "OOM" and impossible["estimate_bytes"] > CAP_MIB * MiB
+    assert impossible["tokens_per_s"] is None
+    for label in ("eager s2048 m8", "sdpa s2048 m8"):  # 8 x 2,048 tokens is more than one step holds
+        assert cells[label]["status"] == "skipped"
+    ran = [c for c in data["cells"] if c["tokens_per_s"] is not None]
+    assert len(ran) >= 4
+    for c in ran:
+        assert c["accum"] * c["micro_batch"] * c["seq_len"] == 2048  # tokens per step fixed by accumulation
+        assert c["peak_rss"] > 0 and c["peak_bytes"] >= 0 and c["step_seconds"] > 0
+        # A cell is ok exactly when its measured footprint is within the cap.
+        assert (c["status"] == "ok") == (c["peak_bytes"] <= CAP_MIB * MiB), c
+    ok = [c for c in ran if c["status"] == "ok"]
+    best = max(ok, key=lambda c: c["tokens_per_s"])
+    assert data["picked"] == best["label"]
+    assert f"picked {best['label']}:" in p.stdout
+
+    # The printed overrides make the config train exactly that cell, with the same tokens per step.
+    line = next(line for line in p.stdout.splitlines() if line.startswith("overrides: "))
+    sets = line.removeprefix("overrides: ").replace("--set ", "").split()
+    tuned = load_config(cfg, sets)
+    base = load_config(cfg)
+    assert (tuned.model.attn, tuned.train.micro_batch, tuned.model.grad_ckpt) == (
+        best["attn"], best["micro_batch"], best["grad_ckpt"])
+    assert tuned.tokens_per_step == 2048 != base.tokens_per_step  # the measured geometry, said so
+    assert "note: the bench ran at 2,048 tokens per step" in p.stdout
+
+    md = (out / "bench.md").read_text()
+    assert "| eager | 2048 | 1 x 1 |" in md and "OOM: estimated" in md
+    assert md.count("\n| eager |") + md.count("\n| sdpa |") == 8
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _cell(label_rate, status="ok", peak=10, **kw):
+    attn, rate = label_rate
+    return Cell(attn, 64, 4, False, False, accum=2, status=status, tokens_per_s=rate,
+                peak_bytes=None if peak is None else peak * MiB, **kw)
+
+
+def test_pick_prefers_the_fastest_cell_under_the_cap():
+    cells = [_cell(("eager", 900.0), peak=80), _cell(("sdpa", 700.0), peak=40), _cell(("eager", 500.0), peak=20),
+             _cell(("sdpa", 1000.0), status="OOM", peak=None), Cell("sdpa", 64, 8, True, True, accum=1,
+                                                                     status="ok", tokens_per_s=5000.0, peak_bytes=0)]
+    assert pick(cells[:4]).tokens_per_s == 900.0
+    assert pick(cells[:4], cap=64 * MiB).tokens_per_s == 700.0
+    assert pick(cells[:4], cap=10 * MiB) is None
+    assert pick(cells).tokens_per_s == 900.0  # a compiled cell is not eligible: baton train does not compile
+    assert pick(cells, allow_compile=True).tokens_per_s == 5000.0
+
+
+def test_overrides_keep_tokens_per_step(make_config):
+    cfg = load_config(make_config())  # seq 32 x global batch 8 = 256 tokens per step
+    cell = Cell("eager", 64, 2, True, False, accum=2)
+    sets = overrides(cell, cfg)
+    assert "data.seq_len=64" in sets and "train.global_batch=4" in sets
+    tuned = load_config(make_config(), sets)
+    assert tuned.tokens_per_step == cfg.tokens_per_step and tuned.model.grad_ckpt
+    # Two ranks at 128 tokens each: the same 256 tokens per step, 4 samples = micro 2 x 2 ranks.
+    assert load_config(make_config(), overrides(cell, cfg, 128, ranks=2)).tokens_per_step == 256
+    with pytest.raises(BatonError, match="does not divide"):
+        overrides(Cell("eager", 96, 1, False, False), cfg)
+    with pytest.raises(BatonError, match="not a multiple"):
+        overrides(Cell("eager", 64, 8, False, False), cfg)  # 4 samples per step cannot hold micro-batches of 8
+
+
+def test_estimates_and_sizes(make_config):
+    cfg = load_config(make_config())
+    eager, sdpa = Cell("eager", 1024, 1, False, False), Cell("sdpa", 1024, 1, False, False)
+    assert estimate_bytes(cfg, eager) > estimate_bytes(cfg, sdpa)  # eager keeps the score matrices
+    assert estimate_bytes(cfg, Cell("sdpa", 1024, 8, False, False)) > estimate_bytes(cfg, sdpa)
+    assert parse_size("12GiB") == 12 * 1024**3 and parse_size("512MiB") == 512 * MiB
+    assert parse_size("8GB") == 8 * 10**9 and parse_size("1000") == 1000
+    with pytest.raises(BatonError):
+        parse_size("lots")
+    assert _is_oom(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 10 bytes"))
+    assert _is_oom(MemoryError()) and not _is_oom(RuntimeError("shape mismatch"))
