@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 import random
@@ -22,7 +23,7 @@ import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from .. import faults
-from ..errors import ResumeError
+from ..errors import BatonError, ResumeError
 
 FORMAT = "baton-checkpoint-v1"
 MODEL_FILE = "model.safetensors"
@@ -103,26 +104,49 @@ def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ten
 # ----------------------------------------------------------------------------------------- save / load
 
 
+class LocalSaveError(BatonError):
+    """The checkpoint could not be written to the local disk: nothing reached the store."""
+
+
 def save_checkpoint(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     state: dict[str, Any], metrics_file: Path | None) -> Path:
     """Write the checkpoint folder atomically: files go to ``out.partial`` which is renamed last."""
     faults.point("save", state.get("step"))
     tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_model(_unwrap(model), str(tmp / MODEL_FILE))
-    faults.point("save.file", state.get("step"))
-    tensors, groups = optimizer_tensors(_unwrap(model), optimizer)
-    save_file(tensors, str(tmp / OPTIM_FILE))
-    state = {"format": FORMAT, **state, "optimizer_param_groups": groups}
-    (tmp / STATE_FILE).write_text(json.dumps(state, indent=1), encoding="utf-8")
-    if metrics_file is not None and metrics_file.is_file():
-        shutil.copyfile(metrics_file, tmp / METRICS_FILE)
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        save_model(_unwrap(model), str(tmp / MODEL_FILE))
+        faults.point("save.file", state.get("step"))
+        tensors, groups = optimizer_tensors(_unwrap(model), optimizer)
+        save_file(tensors, str(tmp / OPTIM_FILE))
+        state = {"format": FORMAT, **state, "optimizer_param_groups": groups}
+        (tmp / STATE_FILE).write_text(json.dumps(state, indent=1), encoding="utf-8")
+        if metrics_file is not None and metrics_file.is_file():
+            shutil.copyfile(metrics_file, tmp / METRICS_FILE)
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+    except Exception as e:
+        # The half-written folder goes, so it does not hold the space the next attempt needs. safetensors
+        # reports a full disk as its own error type, not OSError: it is recognised by its text.
+        shutil.rmtree(tmp, ignore_errors=True)
+        text = str(e)
+        if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in text \
+                or "os error 28" in text:
+            raise LocalSaveError(
+                f"no space left on the disk of {out.parent} to write checkpoint {out.name} (free space there, or "
+                "set run.local_dir to a larger disk, then resume); nothing was pushed and the pointer still names "
+                "the previous verified checkpoint"
+            ) from None
+        if isinstance(e, OSError) or type(e).__name__ == "SafetensorError":
+            raise LocalSaveError(
+                f"could not write checkpoint {out.name} to {out.parent}: {getattr(e, 'strerror', None) or e} (check "
+                "that run.local_dir is writable, then resume); the pointer still names the previous verified checkpoint"
+            ) from None
+        raise
     return out
 
 
