@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import dist
+from . import dist, faults
 from .config import Config
 from .errors import BatonError
 from .parallel import norm_value
@@ -73,11 +73,14 @@ def train(s: Session) -> dict[str, Any]:
         if timed_checkpoint and step > start and s.last_checkpoint_step != step:
             s.checkpoint(step)
         dist.fault_point(s.dist.rank, step)
+        faults.point("step", step)
         m = train_step(s, step)
         track_nonfinite(s, m, step)
         step += 1
         s.record(step, m)
-        if s.checkpoint_due(step):
+        # A checkpoint due in a run of non-finite steps waits for a finite one, so the pointer keeps
+        # naming the state from before the trouble.
+        if s.checkpoint_due(step) and not s.stats.consecutive_nonfinite:
             s.checkpoint(step)
     elapsed = time.perf_counter() - t0
     if step > start and s.last_checkpoint_step != step:  # a session that trained ends with a verified checkpoint
@@ -97,13 +100,17 @@ def track_nonfinite(s: Session, m: dict[str, Any], step: int) -> None:
         return
     s.stats.nonfinite_skips += 1
     s.stats.consecutive_nonfinite += 1
-    log.warning("step %d skipped: non-finite loss or gradient (loss=%s, grad_norm=%s); %d in a row",
-                step, m["loss"], m["grad_norm"], s.stats.consecutive_nonfinite)
-    if s.stats.consecutive_nonfinite >= s.cfg.train.max_nonfinite:
+    n = s.stats.consecutive_nonfinite
+    # Numbered like metrics.jsonl and checkpoints: the update that would have made step ``step + 1``.
+    log.warning("step %d skipped: non-finite loss or gradient (loss=%s, grad_norm=%s); %d in a row, %d in this run",
+                step + 1, m["loss"], m["grad_norm"], n, s.stats.nonfinite_skips)
+    if n >= s.cfg.train.max_nonfinite:
+        last = s.last_checkpoint_step
         raise BatonError(
-            f"{s.stats.consecutive_nonfinite} consecutive steps had non-finite loss or gradients (last at step "
-            f"{step}); stopping. The pointer still names the last verified checkpoint; lower optim.lr or "
-            "check the data, then resume"
+            f"{n} consecutive steps ({step + 2 - n}-{step + 1}) had non-finite loss or gradients, the limit "
+            f"train.max_nonfinite={s.cfg.train.max_nonfinite}; stopped without saving. The pointer still names "
+            f"{f'step {last}' if last is not None else 'no checkpoint of this run'}: lower optim.lr (or use bf16 "
+            "instead of fp16), or check the data, then resume"
         )
 
 
