@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import tomllib
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 from .errors import ConfigError
 
 ATTN_IMPLS = ("eager", "sdpa", "flash_attention_2")
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16", "auto")
 PARALLEL = ("ddp", "fsdp")
 SOURCE_KINDS = ("stdlib", "text", "jsonl", "parquet", "hf_dataset")
 
@@ -91,9 +92,10 @@ class TrainConfig:
 
     steps: int = 1000  # horizon in optimizer steps (set 0 to use target_tokens)
     target_tokens: int = 0  # horizon in tokens; steps = target_tokens // tokens_per_step
-    micro_batch: int = 4  # samples per rank per forward/backward
+    micro_batch: int | str = 4  # samples per rank per forward/backward, or "auto" (largest that fits the GPU)
     global_batch: int = 16  # samples per optimizer step over all ranks (accumulation is derived)
-    precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + fp32 master + GradScaler)
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (+ GradScaler) | auto (bf16 Ampere+, fp16 older GPUs, fp32 CPU)
+    compile: bool | str = "auto"  # torch.compile model + loss: auto (on for CUDA, off on CPU) | true | false
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 0  # model init and dropout-free RNG seed
     threads: int = 0  # torch CPU threads (0 = torch's default)
@@ -280,6 +282,16 @@ def _coerce(tp: Any, value: Any, name: str, problems: list[str]) -> Any:
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, name, problems)
+    if origin is types.UnionType or origin is typing.Union:
+        # A number or a keyword (micro_batch = 4 | "auto"): the first member type that accepts it wins.
+        for member in typing.get_args(tp):
+            trial: list[str] = []
+            coerced = _coerce(member, value, name, trial)
+            if not trial:
+                return coerced
+        names = " or ".join(getattr(m, "__name__", str(m)) for m in typing.get_args(tp))
+        problems.append(f"{name} must be {names}, got {type(value).__name__} {value!r}")
+        return None
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if not isinstance(value, list):
@@ -360,7 +372,11 @@ def _semantic_problems(cfg: Config) -> list[str]:
         p.append(f"optim.decay_start must be in (0, 1], got {o.decay_start}")
     if o.grad_clip is not None and o.grad_clip < 0:
         p.append(f"optim.grad_clip must be >= 0, got {o.grad_clip}")
-    if positive("train.micro_batch", t.micro_batch) and positive("train.global_batch", t.global_batch):
+    if isinstance(t.micro_batch, str):
+        if t.micro_batch != "auto":
+            p.append(f"train.micro_batch={t.micro_batch!r} is neither a number nor \"auto\"")
+        positive("train.global_batch", t.global_batch)
+    elif positive("train.micro_batch", t.micro_batch) and positive("train.global_batch", t.global_batch):
         if t.global_batch % t.micro_batch:
             p.append(
                 f"train.global_batch={t.global_batch} is not a multiple of train.micro_batch={t.micro_batch}"
@@ -376,6 +392,8 @@ def _semantic_problems(cfg: Config) -> list[str]:
             )
     if t.precision not in PRECISIONS:
         p.append(f"train.precision={t.precision!r} is not one of {', '.join(PRECISIONS)}")
+    if isinstance(t.compile, str) and t.compile != "auto":
+        p.append(f"train.compile={t.compile!r} is not auto, true or false")
     if t.device not in ("auto", "cpu", "cuda") and not str(t.device).startswith("cuda:"):
         p.append(f"train.device={t.device!r} is not auto, cpu or cuda")
     for k in ("ckpt_every", "threads"):

@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from . import dist, faults
 from .config import Config
@@ -35,9 +34,7 @@ def train_step(s: Session, step: int) -> dict[str, Any]:
     loss_sum = torch.zeros((), device=s.device)
     for j, (x, y) in enumerate(s.micro_batches(step)):
         with s.no_sync(last_micro=j == s.accum - 1):
-            with s.autocast():
-                logits = s.model(input_ids=x).logits
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+            loss = s.micro_loss(s.model, x, y)  # forward under autocast, fp32 cross-entropy; compiled or not
             s.scaler.scale(loss / s.accum).backward()
         loss_sum += loss.detach()
     s.scaler.unscale_(s.optimizer)

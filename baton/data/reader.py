@@ -9,18 +9,23 @@ s: there is no iteration over earlier samples and no state other than the counte
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from ..errors import DataError, ResumeError
 from .manifest import load_manifest
 from .permutation import Permutation
 from .shards import open_shard
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: data-info and verify stay light
+    import torch
+
+# Window ids are computed this many samples at a time: one vectorised permutation evaluation then serves
+# many steps, instead of a few dozen small numpy calls per micro-batch.
+ID_BLOCK = 4096
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,8 @@ class WindowDataset:
         self.vocab_size: int = self.manifest["tokenizer"]["vocab_size"]
         self._perms: dict[int, Permutation] = {}
         self.permutation_fingerprint = self._perm(0).fingerprint()
+        self._id_block: tuple[int, np.ndarray] | None = None  # (first sample, window ids from there)
+        self._shard_sizes = np.array([a.size for a in self.stream.shards], dtype=np.int64)
 
     def _perm(self, epoch: int) -> Permutation:
         if epoch not in self._perms:
@@ -113,10 +120,31 @@ class WindowDataset:
         return np.arange(self.n_train, self.n_windows, dtype=np.int64)
 
     def windows(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        L = self.seq_len
-        rows = np.stack([self.stream.read(int(i) * L, L + 1) for i in ids]).astype(np.int64)
-        t = torch.from_numpy(rows)
+        t = self.rows(ids)
         return t[:, :-1], t[:, 1:]
+
+    def rows(self, ids: np.ndarray) -> torch.Tensor:
+        """The ``seq_len + 1`` tokens of each window in ``ids`` as one int64 tensor.
+
+        Windows that lie inside one shard (all but a few at shard joins) are gathered with a single fancy
+        index per shard, straight into the int64 result, instead of one slice and copy per window.
+        """
+        L = self.seq_len
+        starts = np.asarray(ids, dtype=np.int64) * L
+        out = np.empty((len(starts), L + 1), dtype=np.int64)
+        offsets = self.stream.offsets
+        shard = np.searchsorted(offsets, starts, side="right") - 1
+        local = starts - offsets[shard]
+        inside = local + L + 1 <= self._shard_sizes[shard]
+        span = np.arange(L + 1, dtype=np.int64)
+        for k in np.unique(shard[inside]):
+            sel = inside & (shard == k)
+            out[sel] = self.stream.shards[k][local[sel, None] + span]
+        for i in np.flatnonzero(~inside):
+            out[i] = self.stream.read(int(starts[i]), L + 1)
+        import torch
+
+        return torch.from_numpy(out)
 
     def train_batch(self, start_sample: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.windows(self.train_window_ids(start_sample, count))
@@ -127,9 +155,16 @@ class WindowDataset:
         Every rank slices the same global order, so the samples of a step do not depend on the world size.
         """
         per_rank = global_batch // world
-        base = step * global_batch + rank * per_rank
+        ids = self._block_ids(step * global_batch + rank * per_rank, per_rank)
         for j in range(0, per_rank, micro_batch):
-            yield self.train_batch(base + j, micro_batch)
+            yield self.windows(ids[j : j + micro_batch])
+
+    def _block_ids(self, start: int, count: int) -> np.ndarray:
+        """``train_window_ids(start, count)``, served from a block of ``ID_BLOCK`` samples computed ahead."""
+        b = self._id_block
+        if b is None or not (b[0] <= start and start + count <= b[0] + len(b[1])):
+            b = self._id_block = (start, self.train_window_ids(start, max(count, ID_BLOCK)))
+        return b[1][start - b[0] : start - b[0] + count]
 
     # ---- the cursor
     def cursor(self, samples_consumed: int, step: int) -> Cursor:
@@ -152,13 +187,7 @@ class WindowDataset:
 
 
 def prefix_collisions(ds: WindowDataset, k: int = 64) -> int:
-    """How many validation windows start with the same k tokens as some training window."""
-    L = ds.seq_len
-    k = min(k, L)
-    seen = set()
-    for i in range(ds.n_train):
-        seen.add(hashlib.blake2b(ds.stream.read(i * L, k).tobytes(), digest_size=16).digest())
-    return sum(
-        hashlib.blake2b(ds.stream.read(int(i) * L, k).tobytes(), digest_size=16).digest() in seen
-        for i in ds.val_window_ids()
-    )
+    """How many validation windows start with the same k tokens as some training window (exact)."""
+    from .geometry import prefix_collisions as count
+
+    return count(ds, k)

@@ -1,0 +1,125 @@
+"""Figure 1: baton's training loop against a bare PyTorch loop, step time ratio (target <= 1.03).
+
+Both sides run in this one process on CPU, interleaved step by step (baton, bare, baton, bare ...):
+baton's real ``train()`` drives its steps, and right after each of its steps is recorded, one bare step
+runs. So both sides see the same machine load, thread pool and cache pressure.
+
+- baton: ``Session`` + ``train()`` as ``baton train`` runs them: the reader slicing the permutation, the
+  LR schedule, accumulation, clipping, non-finite checks, metrics.jsonl every step, the progress bar.
+  The time of a baton step is the whole loop iteration (stop check, step, record).
+- bare: the same model (same init), the same AdamW parameter groups, the same micro-batches already in
+  memory as int64 tensors, the same LR schedule, clipping and one ``loss.item()`` per step.
+
+Requirements: baton's own (``pip install -e .``). Run: ``python benchmarks/bench_step_overhead.py``
+(``--shape test`` for the test suite's model, where per-step overhead shows most; ``--profile`` to print
+where baton's loop spends time beyond the model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import shutil
+import time
+
+from _perf_common import default_work_dir, machine, median, prepare_data, spread, write_config
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="tiny", choices=["tiny", "test"])
+    ap.add_argument("--steps", type=int, default=60, help="measured steps per side")
+    ap.add_argument("--warmup", type=int, default=5, help="steps per side not measured")
+    ap.add_argument("--work", default=None, help="working folder (default: $TMPDIR/baton-bench)")
+    ap.add_argument("--profile", action="store_true", help="cProfile baton's loop and print the top entries")
+    args = ap.parse_args()
+
+    import torch
+    import torch.nn.functional as F
+
+    from baton.config import load_config
+    from baton.model import build_model
+    from baton.schedule import lr_factor
+    from baton.session import Session, adamw
+    from baton.train import train
+
+    work = default_work_dir() if args.work is None else __import__("pathlib").Path(args.work)
+    run = f"overhead-{args.shape}"
+    cfg_path = write_config(work, run, shape=args.shape, data_dir=work / "data")
+    prepare_data(cfg_path)
+    for d in (work / "runs" / run, work / "store" / run):
+        shutil.rmtree(d, ignore_errors=True)
+    logging.getLogger("baton").setLevel(logging.WARNING)
+    cfg = load_config(cfg_path)
+    total = args.warmup + args.steps
+
+    s = Session(cfg, resume="never", stop_after=total, progress=True)
+    # The bare side: identical model and optimizer, batches materialised before the clock starts.
+    model = build_model(cfg.model, "cpu", seed=cfg.train.seed)
+    opt = adamw(model, cfg, torch.device("cpu"))
+    batches = [[(x.clone(), y.clone()) for x, y in s.micro_batches(step)] for step in range(total)]
+    accum = len(batches[0])
+    o = cfg.optim
+
+    def bare_step(step: int) -> float:
+        t0 = time.perf_counter()
+        lr = o.lr * lr_factor(step, cfg.total_steps, o.warmup_steps, o.decay_start)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        for x, y in batches[step]:
+            logits = model(input_ids=x).logits
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
+            (loss / accum).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()
+        return time.perf_counter() - t0
+
+    baton_times: list[float] = []
+    bare_times: list[float] = []
+    mark = [0.0]
+    orig_record = s.record
+
+    def record(step, m):
+        orig_record(step, m)
+        baton_times.append(time.perf_counter() - mark[0])
+        bare_times.append(bare_step(step - 1))
+        mark[0] = time.perf_counter()
+
+    s.record = record
+    prof = None
+    if args.profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+    try:
+        mark[0] = time.perf_counter()
+        if prof:
+            prof.enable()
+        train(s)
+        if prof:
+            prof.disable()
+    finally:
+        s.close()
+    # The first baton interval includes the loop's start-up; it is among the warm-up steps.
+    b, r = baton_times[args.warmup:], bare_times[args.warmup:]
+    pair = sorted(x / y for x, y in zip(b, r))
+    ratio = median(b) / median(r)
+    print(f"# step overhead, shape {args.shape}: {machine()}")
+    print(f"baton loop  {spread(b)}")
+    print(f"bare loop   {spread(r)}")
+    print(f"median of per-pair ratios {median(pair):.4f}")
+    print(f"STEP OVERHEAD RATIO (baton / bare, medians) = {ratio:.4f}  target <= 1.03  "
+          f"{'OK' if ratio <= 1.03 else 'MISSED'}")
+    if prof:
+        import pstats
+
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(35)
+    if not math.isfinite(ratio):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
