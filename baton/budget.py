@@ -89,12 +89,14 @@ def process_start_time() -> float:
 # A repeat of the stop signal this soon after the first is the same request delivered twice (to the process
 # group by the platform and once more by a launcher that forwards it).
 DUPLICATE_SIGNAL_S = 2.0
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+# SIGHUP too: a launcher passes a closed terminal's hang-up on (but a SIGHUP that nohup ignores stays ignored).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
 
 
 class StopSignals:
-    """SIGTERM, SIGINT and SIGUSR1 set a flag the loop reads at each step boundary; a second signal (after
-    the duplicate window) restores the default action and re-raises it, so the process ends at once."""
+    """SIGTERM, SIGINT, SIGUSR1 (and SIGHUP) set a flag the loop reads at each step boundary; a second
+    signal (after the duplicate window) restores the default action and re-raises it: the process ends at
+    once."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -116,6 +118,8 @@ class StopSignals:
     def install(self) -> None:
         try:
             for s in STOP_SIGNALS:
+                if s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN:
+                    continue
                 self._old[s] = signal.signal(s, self._handler)
         except ValueError:  # not the main thread (embedded use): no signal handling
             self.restore()

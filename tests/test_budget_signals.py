@@ -101,8 +101,10 @@ def test_sigterm_checkpoints_at_the_next_boundary_and_exits_0(make_config, baton
 HANDLER = """
 import os, signal, time
 from baton.budget import StopSignals
+signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup: stays ignored
 s = StopSignals()
 s.install()
+assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
 os.kill(os.getpid(), signal.SIGTERM)
 assert s.signum == signal.SIGTERM
 os.kill(os.getpid(), signal.SIGINT)  # a second delivery right away: ignored
@@ -134,3 +136,21 @@ def test_budget_arithmetic():
     assert b.should_stop(923.0, in_flight=True)  # a background push to wait for before the last one
     assert not b.checkpoint_due(799.0) and b.checkpoint_due(800.0)
     assert not TimeBudget(None, 0, 0).should_stop(1e12)
+
+
+def test_launch_passes_the_launchers_clock_to_every_rank(make_config):
+    from baton.cli import _rank_argv, build_parser
+    from baton.config import load_config
+    from baton.planning import train_clock
+
+    cfg = str(make_config())
+    args = build_parser().parse_args(["train", "-c", cfg, "--nproc", "2", "--session-hours", "90m"])
+    t0 = time.time()
+    started, deadline = train_clock(args, load_config(cfg))
+    assert started <= t0 and deadline == started + 5400
+    argv = _rank_argv(args)
+    assert "--session-hours" not in argv and "--nproc" not in argv
+    assert float(argv[argv.index("--session-start") + 1]) == started
+    # A rank parses the same instants back: its clock is the launcher's, not its own later start.
+    rank_args = build_parser().parse_args(["train", *argv])
+    assert train_clock(rank_args, load_config(cfg)) == (started, pytest.approx(deadline, abs=1e-5))
