@@ -443,9 +443,15 @@ def _budget_text_problems(b: BudgetConfig) -> list[str]:
 
 
 def _divisors_near(n: int, k: int) -> str:
-    divs = [x for x in range(1, n + 1) if n % x == 0]
-    divs.sort(key=lambda x: (abs(x - k), x))
-    return ", ".join(str(x) for x in sorted(divs[:3]))
+    # The three divisors nearest k, searched outward from k and bounded: a huge (mistyped) n must not make
+    # validation hang.
+    found: list[int] = []
+    k = min(k, n)
+    for d in range(4096):
+        for x in (k - d, k + d) if d else (k,):
+            if 1 <= x <= n and n % x == 0 and len(found) < 3:
+                found.append(x)
+    return ", ".join(str(x) for x in sorted(found or [1]))
 
 
 def reference_table() -> list[tuple[str, str, str, str]]:
