@@ -186,6 +186,9 @@ def cmd_train(args) -> int:
 
     summary = run(cfg, resume=args.resume, stop_after=args.stop_after_steps, progress=not args.no_progress,
                   deadline=deadline, started=started, allow_change=allow_change)
+    from . import dist
+
+    dist.shutdown()  # a clean exit leaves no process group behind (NCCL warns, and may hang, otherwise)
     if summary.get("val_loss") is not None and int(os.environ.get("RANK", 0)) == 0:
         print(f"final validation: loss {summary['val_loss']:.4f}, perplexity {summary['val_ppl']:.2f}")
     return 0
@@ -226,6 +229,8 @@ def _rank_argv(args) -> list[str]:
         elif isinstance(action, argparse._AppendAction):
             for v in value:
                 out += [flag, str(v)]
+        elif isinstance(value, (list, tuple)):  # nargs
+            out += [flag, *map(str, value)]
         else:
             out += [flag, str(value)]
     return out
