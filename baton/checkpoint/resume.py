@@ -24,11 +24,17 @@ def read_pointer(store: Store, run: str) -> dict[str, Any] | None:
         raise ResumeError(f"could not read the pointer {key} from {store.describe()}: {e}") from None
     if text is None:
         return None
+    # The pointer is the commit marker: a damaged one is never repaired by guessing a checkpoint.
+    fix = (f" (baton will not guess which checkpoint to trust: restore {key} from a copy of the store, or "
+           "start a new run.name)")
     try:
         p = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ResumeError(f"pointer {key} in {store.describe()} is not valid JSON ({e.msg}); refusing to guess") from None
-    check_pointer(p, run, key)
+        raise ResumeError(f"pointer {key} in {store.describe()} is not valid JSON ({e.msg}){fix}") from None
+    try:
+        check_pointer(p, run, key)
+    except ResumeError as e:
+        raise ResumeError(f"{e}{fix}") from None
     return p
 
 
@@ -73,12 +79,22 @@ def pull_checkpoint(store: Store, run: str, pointer: dict[str, Any], dest: Path)
         try:
             store.get_file(key, dest / name)
         except StoreError as e:
-            raise ResumeError(f"the pointer names {key}, but it could not be downloaded: {e}") from None
+            raise ResumeError(f"the pointer names {key}, but it could not be downloaded: {e} (check the store and "
+                              f"rerun; if the file is gone, {_fallback(pointer)})") from None
         size = (dest / name).stat().st_size
         digest = sha256_file(dest / name)
         if size != info["size"] or digest != info["sha256"]:
             raise ResumeError(
                 f"{key} downloaded with size {size} and sha256 {digest[:12]}…, but the pointer says "
-                f"{info['size']} and {info['sha256'][:12]}…: the store's copy is damaged"
+                f"{info['size']} and {info['sha256'][:12]}…: the store's copy is damaged ({_fallback(pointer)})"
             )
     return dest
+
+
+def _fallback(pointer: dict[str, Any]) -> str:
+    """What to do when the pointed checkpoint is unusable: name the older verified ones the pointer remembers."""
+    older = [h for h in pointer.get("verified") or [] if isinstance(h, str) and h != pointer.get("path")]
+    if older:
+        return (f"restore it from a copy of the store, or resume from an older verified checkpoint "
+                f"({', '.join(older)}: download the folder and pass it as --resume PATH)")
+    return "restore it from a copy of the store, or start a new run.name"

@@ -150,18 +150,23 @@ def save_checkpoint(out: Path, model: torch.nn.Module, optimizer: torch.optim.Op
     return out
 
 
+# A checkpoint that passed its sha256 checks but cannot be read was written that way: no retry helps.
+DAMAGED = "; the checkpoint is unusable: resume from an earlier checkpoint (--resume PATH), or start a new run.name"
+
+
 def read_state(ckpt: Path) -> dict[str, Any]:
     try:
         state = json.loads((ckpt / STATE_FILE).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ResumeError(f"{ckpt} has no {STATE_FILE}: not a complete baton checkpoint") from None
+        raise ResumeError(f"{ckpt} has no {STATE_FILE}: not a complete baton checkpoint{DAMAGED}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ResumeError(f"{ckpt / STATE_FILE} is not valid JSON ({e})") from None
+        raise ResumeError(f"{ckpt / STATE_FILE} is not valid JSON ({e}){DAMAGED}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise ResumeError(f"{ckpt / STATE_FILE} is not a {FORMAT} state (format={state.get('format') if isinstance(state, dict) else None!r})")
+        found = state.get("format") if isinstance(state, dict) else None
+        raise ResumeError(f"{ckpt / STATE_FILE} is not a {FORMAT} state (format={found!r}){DAMAGED}")
     for key in ("step", "cursor", "config", "rng"):
         if key not in state:
-            raise ResumeError(f"{ckpt / STATE_FILE} lacks {key!r}")
+            raise ResumeError(f"{ckpt / STATE_FILE} lacks {key!r}{DAMAGED}")
     return state
 
 
@@ -169,7 +174,7 @@ def load_weights(ckpt: Path, model: torch.nn.Module) -> None:
     try:
         missing, unexpected = load_model(_unwrap(model), str(ckpt / MODEL_FILE), strict=False)
     except Exception as e:  # safetensors raises several types for a corrupt header/size
-        raise ResumeError(f"{ckpt / MODEL_FILE} could not be loaded into the model: {e}") from None
+        raise ResumeError(f"{ckpt / MODEL_FILE} could not be loaded into the model: {e}{DAMAGED}") from None
     if missing or unexpected:
         raise ResumeError(
             f"{ckpt / MODEL_FILE} does not fit this model (missing {sorted(missing)[:3]}, "
@@ -183,7 +188,7 @@ def load_checkpoint(ckpt: Path, model: torch.nn.Module, optimizer: torch.optim.O
     try:
         tensors = load_file(str(ckpt / OPTIM_FILE))
     except Exception as e:
-        raise ResumeError(f"{ckpt / OPTIM_FILE} could not be loaded: {e}") from None
+        raise ResumeError(f"{ckpt / OPTIM_FILE} could not be loaded: {e}{DAMAGED}") from None
     load_optimizer(_unwrap(model), optimizer, tensors, state["optimizer_param_groups"])
     return state
 
