@@ -27,8 +27,9 @@ def guess_checkpoint_seconds(n_params: int) -> float:
 
 class TimeBudget:
     def __init__(self, deadline: float | None, margin_s: float, ckpt_guess_s: float, ckpt_every_s: float = 0.0,
-                 start: float | None = None):
+                 start: float | None = None, eval_steps: float = 0.0):
         self.deadline = deadline
+        self.eval_steps = eval_steps  # the final evaluation, in training steps (forward only: about a third each)
         self.margin_s = margin_s
         self.ckpt_guess_s = ckpt_guess_s
         self.ckpt_every_s = ckpt_every_s
@@ -55,8 +56,9 @@ class TimeBudget:
 
     def needed(self, final: bool) -> float:
         """Seconds one more step and the end of the session take; ``final``: that step reaches the horizon,
-        where the exported model is pushed too (counted as one more cycle)."""
-        return self.step_estimate + self.ckpt_estimate * (2 if final else 1) + self.margin_s
+        where the evaluation runs and the exported model is pushed too (one more cycle)."""
+        finish = self.ckpt_estimate + self.step_estimate * self.eval_steps if final else 0.0
+        return self.step_estimate + self.ckpt_estimate + finish + self.margin_s
 
     def should_stop(self, now: float, final: bool = False, in_flight: bool = False) -> bool:
         """``in_flight``: a background push is still running; the session waits for it before its last one."""

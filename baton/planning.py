@@ -196,8 +196,13 @@ def _ledger_view(cfg: Config | None) -> tuple[list[dict[str, Any]], Any]:
     from .ledger import read_ledger
     from .store import open_store
 
-    store = open_store(cfg.store.url)
-    return read_ledger(store, cfg.run.name)[0], store
+    try:
+        store = open_store(cfg.store.url)
+        return read_ledger(store, cfg.run.name)[0], store
+    except BatonError as e:  # the plan still works from flags and config; say what it could not use
+        print(f"baton: warning: the store is not readable ({e}); planning without the ledger and the pointer",
+              file=sys.stderr)
+        return [], None
 
 
 def plan_input(args, cfg: Config | None) -> tuple[PlanInput, dict[str, str], list[dict[str, Any]]]:
@@ -268,7 +273,10 @@ def plan_input(args, cfg: Config | None) -> tuple[PlanInput, dict[str, str], lis
         if store is not None:
             from .checkpoint.resume import read_pointer
 
-            pointer = read_pointer(store, cfg.run.name)
+            try:
+                pointer = read_pointer(store, cfg.run.name)
+            except BatonError as e:
+                raise BatonError(f"{e} (pass --start-step to plan anyway)") from None
             if pointer:
                 start_step, src["start_step"] = min(pointer["step"], total), "the store's pointer"
     inp = PlanInput(
@@ -348,7 +356,7 @@ def format_plan(p, src: dict[str, str]) -> str:
     ]
     if i.quota_hours:
         lines.append(f"quota: {i.quota_hours:g} h per {i.quota_period_hours / 24:g} days, resetting at "
-                     f"{iso(i.quota_reset or i.start)}; {i.used_hours:.2f} h used this period ({src.get('used', 'given')})")
+                     f"{iso(i.quota_reset or i.start)}; {i.used_hours:.2f} h used this period ({src.get('used', 'none recorded')})")
     lines += ["", "| session | steps | stop_after_steps | start | end | hours | billed h | note |",
               "|---|---|---|---|---|---|---|---|"]
     for s in p.sessions:

@@ -329,7 +329,8 @@ class Session:
                 log.warning("could not read the ledger for earlier checkpoint times (%s)", e)
         if not guess:
             guess, source = guess_checkpoint_seconds(self.n_params), "a guess from the model size"
-        budget = TimeBudget(self.deadline, b.margin_minutes * 60, guess, b.ckpt_minutes * 60)
+        eval_steps = self.cfg.data.val_windows / self.cfg.train.global_batch / 3
+        budget = TimeBudget(self.deadline, b.margin_minutes * 60, guess, b.ckpt_minutes * 60, eval_steps=eval_steps)
         if self.deadline is not None and self.dist.is_main:
             log.info("time budget: stop by %s, keeping %.1f s for the final checkpoint (%s, until measured) and "
                      "%.0f s margin", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.deadline)),

@@ -123,7 +123,7 @@ def test_second_signal_exits_at_once():
 
 
 def test_budget_arithmetic():
-    b = TimeBudget(deadline=1000.0, margin_s=30.0, ckpt_guess_s=60.0, ckpt_every_s=300.0, start=0.0)
+    b = TimeBudget(deadline=1000.0, margin_s=30.0, ckpt_guess_s=60.0, ckpt_every_s=300.0, start=0.0, eval_steps=1.0)
     assert not b.should_stop(900.0)  # 900 + 0 (no step measured yet) + 60 + 30 = 990 <= 1000
     b.observe_step(5.0)
     b.observe_step(8.0)
@@ -132,7 +132,8 @@ def test_budget_arithmetic():
     assert not b.should_stop(902.0)
     b.observe_checkpoint(20.0, at=500.0)  # measured: replaces the guess
     assert b.ckpt_estimate == 20.0 and not b.should_stop(940.0) and b.should_stop(943.0)
-    assert b.should_stop(923.0, final=True)  # at the horizon, the export's push too
+    assert b.should_stop(923.0 - 8.0, final=True)  # at the horizon: the evaluation and the export's push too
+    assert not b.should_stop(922.0 - 8.0, final=True)
     assert b.should_stop(923.0, in_flight=True)  # a background push to wait for before the last one
     assert not b.checkpoint_due(799.0) and b.checkpoint_due(800.0)
     assert not TimeBudget(None, 0, 0).should_stop(1e12)
