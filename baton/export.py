@@ -43,8 +43,11 @@ def generate(folder: Path, prompt: str, max_new_tokens: int = 64, temperature: f
 
     if not (folder / "config.json").is_file():
         raise BatonError(f"{folder} is not an exported model folder (run `baton export` first)")
+    if not any((folder / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json")):
+        raise BatonError(f"{folder} holds no model.safetensors: baton loads weights only from safetensors, never "
+                         "from pickle (.bin) files (export the model with `baton export`)")
     tok = AutoTokenizer.from_pretrained(str(folder))
-    model = AutoModelForCausalLM.from_pretrained(str(folder))
+    model = AutoModelForCausalLM.from_pretrained(str(folder), use_safetensors=True)
     model.eval()
     torch.manual_seed(seed)
     ids = tok(prompt or tok.eos_token, return_tensors="pt").input_ids

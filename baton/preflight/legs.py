@@ -176,7 +176,7 @@ def _loads(folder: Path) -> bool:
     try:
         from transformers import AutoModelForCausalLM
 
-        AutoModelForCausalLM.from_pretrained(str(folder))
+        AutoModelForCausalLM.from_pretrained(str(folder), use_safetensors=True)  # never a pickle (.bin) file
         return True
     except Exception:
         return False

@@ -85,6 +85,15 @@ def _shard(d: Path) -> Path:
     return sorted(d.glob("*.bin"))[0]
 
 
+def _pickle_folder(tmp: Path) -> str:
+    """A model folder whose weights are a pickle file, as older tools wrote them."""
+    d = tmp / "bin-model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (d / "pytorch_model.bin").write_bytes(b"\x80\x04K\x01.")  # a pickle stream: must never be opened
+    return str(d)
+
+
 TRAIN = ["train", "--no-progress"]
 
 # (id, argv builder, text the error must contain: the problem, then the fix)
@@ -204,6 +213,8 @@ CASES: list[tuple[str, Callable[[Ctx], list[str]], tuple[str, ...]]] = [
     # ---- other commands
     ("sample-from-nothing", lambda c: ["sample", "--from", str(c.tmp / "nothing")],
      ("is not an exported model folder", "run `baton export` first")),
+    ("sample-pickle-weights", lambda c: ["sample", "--from", _pickle_folder(c.tmp)],
+     ("holds no model.safetensors", "never from pickle (.bin) files", "export the model with `baton export`")),
     ("export-from-nothing", lambda c: ["export", "-c", c.cfg, "--out", str(c.tmp / "o"), "--from", str(c.tmp / "x")],
      ("no such checkpoint folder", "use 'store' or a folder")),
 ]
