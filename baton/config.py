@@ -412,6 +412,10 @@ def _semantic_problems(cfg: Config) -> list[str]:
     positive("store.keep_last", s.keep_last)
     if not s.url:
         p.append("store.url is empty (a local folder, s3://bucket/prefix or hf://owner/repo)")
+    elif _url_has_credentials(s.url):
+        # Named, never echoed: the config is printed, logged and saved in every checkpoint.
+        p.append("store.url must not carry credentials (user:password@ in the URL or in its endpoint); set "
+                 "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (S3) or HF_TOKEN (Hub) in the environment instead")
     b = cfg.budget
     for k in ("session_hours", "margin_minutes", "ckpt_minutes", "ckpt_seconds", "startup_minutes",
               "heartbeat_minutes", "bill_factor", "quota_hours", "cap_hours"):
@@ -440,6 +444,16 @@ def _budget_text_problems(b: BudgetConfig) -> list[str]:
     except BatonError as e:
         out.append(str(e))
     return out
+
+
+def _url_has_credentials(url: str) -> bool:
+    from urllib.parse import parse_qs, urlsplit
+
+    if "://" not in url:
+        return False
+    parts = urlsplit(url)
+    urls = [parts.netloc] + [urlsplit(v).netloc for vs in parse_qs(parts.query).values() for v in vs if "://" in v]
+    return any("@" in netloc for netloc in urls)
 
 
 def _divisors_near(n: int, k: int) -> str:
