@@ -167,7 +167,8 @@ def run_cell(cfg: Config, cell: Cell, tokens_per_step: int, device: torch.device
     cell.estimate_bytes = estimate_bytes(cfg, cell)
     if cap is not None and cell.estimate_bytes > cap:
         cell.status = "OOM"
-        cell.reason = f"estimated {cell.estimate_bytes / MiB:,.0f} MiB is over the cap of {cap / MiB:,.0f} MiB (not run)"
+        cell.reason = (f"estimated {cell.estimate_bytes / MiB:,.0f} MiB is over the cap of {cap / MiB:,.0f} MiB "
+                       "(not run)")
         return cell
     _trim()
     mcfg = dataclasses.replace(cfg.model, attn=cell.attn, grad_ckpt=cell.grad_ckpt,

@@ -11,8 +11,8 @@ from typing import Any
 
 from .config import Config
 from .errors import BatonError
-from .plan import (HOUR, PlanInput, apply_tripwires, evaluate_tripwires, iso, parse_count, parse_hours,
-                   parse_instant, parse_margin, parse_tripwire, plan)
+from .plan import HOUR, PlanInput, iso, parse_count, parse_hours, parse_instant, parse_margin, plan
+from .tripwires import apply_tripwires, evaluate_tripwires, parse_tripwire
 
 
 def add_plan_parsers(sub, config_args) -> None:
@@ -61,14 +61,16 @@ def add_plan_parsers(sub, config_args) -> None:
     g.add_argument("--quota-period-days", type=float, default=None)
     g.add_argument("--used-hours", default=None, metavar="H", help="billed in this period already")
     g.add_argument("--cap-hours", default=None, metavar="H", help="a cap on the run's billed hours")
-    g.add_argument("--bill-factor", type=float, default=None, help="billed hours per wall-clock hour")
+    g.add_argument("--bill-factor", type=float, default=None,
+                   help="billed hours per wall-clock hour (default: budget.bill_factor, else one per rank)")
     g.add_argument("--start", default=None, metavar="TIME", help="when the first session starts (default now)")
     g.add_argument("--deadline", default=None, metavar="TIME", help="warn when the plan ends after this")
     g = p.add_argument_group("tripwires")
     g.add_argument("--tripwire", action="append", default=None, metavar="'RATE: ACTION'",
                    help="e.g. '5150: target=0.9B' or '7400: micro=8, accum=16' (repeatable)")
     g.add_argument("--seq-len", type=int, default=None, help="to check a micro-batch tripwire without a config")
-    g.add_argument("--ranks", type=int, default=None, help="to check a micro-batch tripwire")
+    g.add_argument("--ranks", type=int, default=None, help="ranks of the run: the default bill factor, and "
+                   "to check a micro-batch tripwire")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
     p = sub.add_parser("ledger", help="the run's sessions and billed hours against the quota and cap")
@@ -287,7 +289,9 @@ def plan_input(args, cfg: Config | None) -> tuple[PlanInput, dict[str, str], lis
         ckpt_every=args.ckpt_every if args.ckpt_every is not None else (cfg.train.ckpt_every if cfg else 0),
         start_step=start_step, target_tokens=target, quota_hours=qh, quota_period_hours=period_days * 24,
         quota_reset=reset, used_hours=used, cap_left_hours=cap_left,
-        bill_factor=args.bill_factor or (b.bill_factor if b and b.bill_factor else 1.0),
+        # Billed like the ledger: budget.bill_factor, else one per rank (the last session's, or --ranks).
+        bill_factor=args.bill_factor or (b.bill_factor if b and b.bill_factor else 0.0)
+        or (records[-1].get("bill_factor") if records else 0.0) or float(args.ranks or 1),
         gap_hours=parse_hours(args.gap, "--gap"), start=start,
         deadline=parse_instant(args.deadline, "--deadline") if args.deadline else None)
     return inp, src, records
@@ -356,7 +360,8 @@ def format_plan(p, src: dict[str, str]) -> str:
     ]
     if i.quota_hours:
         lines.append(f"quota: {i.quota_hours:g} h per {i.quota_period_hours / 24:g} days, resetting at "
-                     f"{iso(i.quota_reset or i.start)}; {i.used_hours:.2f} h used this period ({src.get('used', 'none recorded')})")
+                     f"{iso(i.quota_reset or i.start)}; {i.used_hours:.2f} h used this period "
+                     f"({src.get('used', 'none recorded')})")
     lines += ["", "| session | steps | stop_after_steps | start | end | hours | billed h | note |",
               "|---|---|---|---|---|---|---|---|"]
     for s in p.sessions:

@@ -49,7 +49,8 @@ def status(cfg: Config) -> dict[str, Any]:
     except BatonError as e:
         pointer, out["pointer_problem"] = None, str(e)
     step = pointer["step"] if pointer else 0
-    out.update({"pointer_step": pointer["step"] if pointer else None, "pointer_path": pointer["path"] if pointer else None,
+    out.update({"pointer_step": pointer["step"] if pointer else None,
+                "pointer_path": pointer["path"] if pointer else None,
                 "complete": bool(pointer and pointer.get("complete")), "tokens_done": step * cfg.tokens_per_step,
                 "steps_left": max(0, cfg.total_steps - step)})
     records, problems = L.read_ledger(store, run)
@@ -77,7 +78,7 @@ def status(cfg: Config) -> dict[str, Any]:
             ckpt_seconds=b.ckpt_seconds or L.checkpoint_seconds(records) or 0.0, ckpt_every=cfg.train.ckpt_every,
             start_step=step, quota_hours=b.quota_hours, quota_period_hours=b.quota_period_days * 24,
             quota_reset=quota.reset if quota else None, used_hours=t.period_hours or 0.0,
-            cap_left_hours=t.cap_left, bill_factor=b.bill_factor or 1.0, start=now))
+            cap_left_hours=t.cap_left, bill_factor=b.bill_factor or records[-1].get("bill_factor", 1.0), start=now))
         if p is not None:
             out["eta"] = iso(p.eta)
             out["sessions_left"] = len(p.sessions)

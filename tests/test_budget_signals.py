@@ -58,7 +58,7 @@ def test_time_budget_stops_in_time_and_the_next_session_continues(make_config, b
 
     second = baton_cli("train", "-c", cfg, "--no-progress", "--set", "train.steps=1000000",
                        "--stop-after-steps", str(n + 5), check=True)
-    assert f"auto-resume" in second.stderr and f"step {n}" in second.stderr
+    assert "auto-resume" in second.stderr and f"step {n}" in second.stderr
     summary = json.loads((run_dir / "run_summary.json").read_text())
     assert summary["resumed_from_step"] == n and summary["steps_done"] == n + 5
     assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, n + 6))
