@@ -9,6 +9,7 @@ re-raises it. The thread only reads the saved folder and talks to the store; it 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Any, Callable
 
@@ -49,6 +50,8 @@ class Pusher:
         self._thread.start()
 
     def _run(self, push: Callable[[], Any]) -> None:
+        if self.background:
+            _lower_priority()
         try:
             self._result = push()
         except BaseException as e:  # noqa: BLE001 - every failure is reported at the next step boundary
@@ -71,3 +74,16 @@ class Pusher:
             err, self._error = self._error, None
             raise err
         return self._result
+
+
+BACKGROUND_NICE = 10
+
+
+def _lower_priority() -> None:
+    """Let training win the CPU: on Linux a thread has its own nice value (hashing threads it starts inherit
+    it), so the push yields to the training step when they compete for a core and uses idle cores freely."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), BACKGROUND_NICE))
+    except (AttributeError, OSError):  # not Linux, or not allowed: the push runs at normal priority
+        pass

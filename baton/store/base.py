@@ -37,8 +37,11 @@ class Store(Protocol):
     def describe(self) -> str:
         """Where this store is, safe to print (no credentials)."""
 
-    def put_file(self, local: Path, key: str, sha256: str) -> None:
-        """Upload ``local`` to ``key``; ``sha256`` is stored with it where the backend keeps metadata."""
+    def put_file(self, local: Path, key: str, sha256: str) -> str:
+        """Upload ``local`` to ``key``; ``sha256`` is stored with it where the backend keeps metadata.
+
+        Returns the sha256 of the bytes sent. A backend with ``hashes_on_write = True`` computes it while it
+        writes and accepts ``sha256=None``, so the cycle need not read the file a second time."""
 
     def list(self, prefix: str, checksums: bool = True) -> dict[str, ObjectInfo]:
         """Objects under ``prefix`` with their size and sha256 as the store reports them.

@@ -119,8 +119,9 @@ class HubStore:
                                                   repo_type=self.repo_type, revision=self.revision), what)
 
     # ------------------------------------------------------------------------------- protocol
-    def put_file(self, local: Path, key: str, sha256: str) -> None:
+    def put_file(self, local: Path, key: str, sha256: str) -> str:
         self.put_files([(local, key, sha256)])
+        return sha256
 
     def put_files(self, items: list[tuple[Path, str, str]]) -> None:
         def ops():

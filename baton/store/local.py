@@ -1,16 +1,23 @@
 """A local directory as the store: the default, and the floor every remote backend is measured against.
 
-It keeps no checksums of its own, so listing rehashes the stored bytes: the sha256 it reports is a
-statement about what is on disk now, not about what we meant to write. A store folder on a network mount
-can go away and come back (EIO, ESTALE, a vanished root); those errors are retried like a dropped
-connection, anything else (a full disk, a read-only folder) stops at once.
+What it lists as an object's sha256 is a statement about the bytes on disk, never about what we meant to
+write. It hashes each file as it writes it (one read of the source, which is also how the checkpoint
+cycle learns the file's sha256), stamps the file's mtime with the moment the write began and remembers
+(size, inode, mtime, sha256). Listing reports that sha256 only while the file still has exactly that size,
+inode and mtime; a file changed since (any write moves its mtime) or not written by this process is
+rehashed. A store folder on a network mount can go away and come back (EIO, ESTALE, a vanished root);
+those errors are retried like a dropped connection, anything else (a full disk, a read-only folder) stops
+at once.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import shutil
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,7 +29,10 @@ from .retry import RetryPolicy, Transient, call
 # errno values a mount that is flapping or gone produces; everything else is a property of the folder.
 TRANSIENT_ERRNOS = {errno.EIO, errno.ESTALE, errno.ETIMEDOUT, errno.EAGAIN, errno.EBUSY, errno.ENOTCONN,
                     errno.EHOSTDOWN, errno.EHOSTUNREACH, errno.ECONNRESET, errno.ECONNABORTED}
-HASH_THREADS = 2  # hashlib releases the GIL, so files of one checkpoint hash in parallel
+# hashlib releases the GIL, so the files of a checkpoint hash in parallel, on at most half the cores: an
+# asynchronous push must leave the training process its own.
+HASH_THREADS = max(1, min(4, (os.cpu_count() or 2) // 2))
+CHUNK = 8 << 20
 
 
 class LocalStore:
@@ -31,6 +41,11 @@ class LocalStore:
         self.root = Path(os.path.abspath(Path(root).expanduser()))
         self.retry = retry or RetryPolicy()
         self._root_seen = self.root.is_dir()
+        self._written: dict[str, tuple[int, int, int, str]] = {}  # key -> (size, inode, mtime_ns, sha256)
+        self._lock = threading.Lock()
+
+    # The cycle may take the sha256 from put_file instead of hashing the folder first.
+    hashes_on_write = True
 
     def describe(self) -> str:
         return f"local store {self.root}"
@@ -58,16 +73,24 @@ class LocalStore:
             return StoreError(f"{e.strerror or e}{hint}")
         return e
 
-    def put_file(self, local: Path, key: str, sha256: str) -> None:
+    def put_file(self, local: Path, key: str, sha256: str | None = None) -> str:
+        """Copy ``local`` to ``key``, hashing the bytes as they are written; returns their sha256 (which
+        may differ from ``sha256`` if the source changed since it was hashed: verification then fails)."""
         dst = self._path(key)
         tmp = dst.with_name(dst.name + ".partial")
 
-        def put() -> None:
+        def put() -> str:
             self._check_root()
+            with self._lock:
+                self._written.pop(key, None)
+            began = time.time_ns()
+            h = hashlib.sha256()
             try:
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 with open(local, "rb") as src, open(tmp, "wb") as out:
-                    shutil.copyfileobj(src, out, 8 << 20)
+                    while chunk := src.read(CHUNK):
+                        h.update(chunk)
+                        out.write(chunk)
                     out.flush()
                     os.fsync(out.fileno())
                 os.replace(tmp, dst)
@@ -78,8 +101,35 @@ class LocalStore:
                     pass
                 raise
             self._root_seen = True
+            digest = h.hexdigest()
+            self._remember(key, dst, began, digest)
+            return digest
 
-        self._call(put, f"upload of {key}")
+        return self._call(put, f"upload of {key}")
+
+    def _remember(self, key: str, path: Path, stamp_ns: int, digest: str) -> None:
+        # An mtime no later write can produce (a write stamps the coarse clock of its own, later, moment), so
+        # an unchanged (size, inode, mtime) means unchanged bytes. Filesystems that round the stamp get no
+        # record: their files are rehashed when listed.
+        try:
+            os.utime(path, ns=(stamp_ns, stamp_ns))
+            st = path.stat()
+        except OSError:
+            return
+        if st.st_mtime_ns == stamp_ns:
+            with self._lock:
+                self._written[key] = (st.st_size, st.st_ino, stamp_ns, digest)
+
+    def _known_sha(self, key: str, path: Path) -> str | None:
+        with self._lock:
+            rec = self._written.get(key)
+        if rec is None:
+            return None
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        return rec[3] if (st.st_size, st.st_ino, st.st_mtime_ns) == rec[:3] else None
 
     def list(self, prefix: str, checksums: bool = True) -> dict[str, ObjectInfo]:
         def scan() -> list[tuple[str, Path, int]]:
@@ -98,13 +148,21 @@ class LocalStore:
             return found
 
         found = self._call(scan, f"listing of {prefix or '/'}")
-        shas: list[str | None] = [None] * len(found)
-        if checksums and found:
-            with ThreadPoolExecutor(min(HASH_THREADS, len(found))) as pool:
-                shas = self._call(lambda: list(pool.map(sha256_file, [p for _, p, _ in found])),
+        out: dict[str, ObjectInfo] = {}
+        stale = []
+        for key, path, size in found:
+            sha = self._known_sha(key, path) if checksums else None
+            out[key] = ObjectInfo(key, size, sha, "sha256 of the bytes as written here, file unchanged since" if sha
+                                  else "")
+            if checksums and sha is None:
+                stale.append((key, path, size))
+        if stale:
+            with ThreadPoolExecutor(min(HASH_THREADS, len(stale))) as pool:
+                shas = self._call(lambda: list(pool.map(sha256_file, [p for _, p, _ in stale])),
                                   f"hashing of {prefix or '/'}")
-        return {key: ObjectInfo(key, size, sha, "rehashed from the stored file" if sha else "")
-                for (key, _, size), sha in zip(found, shas)}
+            for (key, _, size), sha in zip(stale, shas):
+                out[key] = ObjectInfo(key, size, sha, "rehashed from the stored file")
+        return out
 
     def read_range(self, key: str, start: int, end: int) -> RangeRead:
         p = self._path(key)
@@ -140,6 +198,8 @@ class LocalStore:
 
         def delete() -> None:
             self._check_root()
+            with self._lock:
+                self._written.pop(key, None)
             p.unlink(missing_ok=True)
             # Tidy empty parent folders up to the root so deleted checkpoints leave no husks.
             for parent in p.parents:

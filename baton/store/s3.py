@@ -160,11 +160,11 @@ class S3Store:
         return args
 
     # ------------------------------------------------------------------------------- protocol
-    def put_file(self, local: Path, key: str, sha256: str) -> None:
+    def put_file(self, local: Path, key: str, sha256: str) -> str:
         size = local.stat().st_size
         if size > self.multipart_threshold:
             self._put_multipart(local, key, sha256, size)
-            return
+            return sha256
 
         def put() -> None:
             with open(local, "rb") as f:
@@ -172,6 +172,7 @@ class S3Store:
                                        **self._put_args(sha256))
 
         self._call(put, f"upload of {key}")
+        return sha256
 
     def _put_multipart(self, local: Path, key: str, sha256: str, size: int) -> None:
         import hashlib
