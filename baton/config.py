@@ -113,6 +113,9 @@ class StoreConfig:
     url: str = "store"  # local path, file://, s3:// or hf://
     keep_last: int = 2  # verified checkpoints kept in the store
     verify: str = "sample"  # sample (listing + ranged windows) | full (reread every byte)
+    async_push: bool = True  # upload + verify in the background while training goes on (one at a time)
+    retries: int = 6  # attempts per store call on transient errors (timeouts, resets, 429, 5xx)
+    retry_seconds: float = 300.0  # no retry starts after this long; then the push fails
 
 
 @dataclass
@@ -410,6 +413,8 @@ def _semantic_problems(cfg: Config) -> list[str]:
     if s.verify not in ("sample", "full"):
         p.append(f"store.verify={s.verify!r} is not sample or full")
     positive("store.keep_last", s.keep_last)
+    positive("store.retries", s.retries)
+    positive("store.retry_seconds", s.retry_seconds)
     if not s.url:
         p.append("store.url is empty (a local folder, s3://bucket/prefix or hf://owner/repo)")
     elif _url_has_credentials(s.url):
