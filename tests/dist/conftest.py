@@ -29,6 +29,13 @@ def ref1(runs) -> Run:
 
 
 @pytest.fixture(scope="session")
-def stop2(runs) -> Run:
-    """A 2-rank run stopped at step 10 with a verified checkpoint; branch from it with store_from=stop2.store."""
-    return runs.train("stop2", "--nproc", "2", "--stop-after-steps", "10")
+def stop2_nodes(runs) -> list[Run]:
+    """A 2-rank run stopped at step 10 with a verified checkpoint, made by two single-process "nodes" that
+    meet at a c10d rendezvous (the multi-node path); one launcher's view per node."""
+    return runs.train_nodes("stop2", 2, "--stop-after-steps", "10")
+
+
+@pytest.fixture(scope="session")
+def stop2(stop2_nodes) -> Run:
+    """The run of ``stop2_nodes``; branch from it with store_from=stop2.store."""
+    return stop2_nodes[0]

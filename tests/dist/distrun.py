@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -85,6 +86,32 @@ class Runs:
         if expect_ok and p.returncode != 0:
             raise AssertionError(f"baton train {' '.join(args)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
         return run
+
+    def train_nodes(self, name: str, nodes: int, *args: str) -> list[Run]:
+        """``nodes`` launchers of one process each, meeting at a c10d rendezvous on 127.0.0.1, as on a cluster
+        (each node starts its own torchrun agent); here the "nodes" share the machine and the run folder."""
+        base, cfg, store = self.new(name)
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            endpoint = f"127.0.0.1:{sock.getsockname()[1]}"
+        cmd = [sys.executable, "-m", "baton.cli", "train", "--config", str(cfg), "--no-progress", "--nproc", "1",
+               "--nnodes", str(nodes), "--rdzv-endpoint", endpoint, *args]
+        t0 = time.monotonic()
+        procs = [subprocess.Popen(cmd, cwd=ROOT, env=rank_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for _ in range(nodes)]
+        try:
+            outs = [p.communicate(timeout=180) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        runs = [Run(base, cfg, store, base / "runs" / "test",
+                    subprocess.CompletedProcess(cmd, p.returncode, out, err), time.monotonic() - t0)
+                for p, (out, err) in zip(procs, outs)]
+        for r in runs:
+            if r.proc.returncode != 0:
+                raise AssertionError(f"node exited {r.proc.returncode}\n{r.proc.stdout}\n{r.proc.stderr}")
+        return runs
 
 
 # ------------------------------------------------------------------ comparing runs (tolerances: test_dist_runs)

@@ -45,6 +45,8 @@ def test_every_rank_logs_and_peak_memory_is_the_max_over_ranks(ref2):
 
 
 def test_two_ranks_stopped_wiped_and_resumed_equal_uninterrupted(runs, ref2, stop2):
+    # stop2 is a 2-rank run made by two single-process nodes (test_dist_multinode.py); it resumes here on
+    # one machine with --nproc 2.
     assert stop2.pointer["step"] == 10
     # A new folder with only the store copied: nothing local survives the "wipe".
     resumed = runs.train("resume2", "--nproc", "2", store_from=stop2.store)
