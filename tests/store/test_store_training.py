@@ -46,16 +46,29 @@ def s3_checkpoint(backend):
     return model, optim, pointer
 
 
-def kill_during_upload(backend, cfg: str, url: list[str], step: int) -> None:
-    """Train until the upload of checkpoint ``step`` is on the wire (slowed down by the proxy), then SIGKILL."""
+def kill_during_upload(backend, cfg: str, url: list[str], step: int, run_dir: Path) -> None:
+    """Train until the upload of checkpoint ``step`` is on the wire (slowed down by the proxy) and training has
+    gone on past it (the push runs in the background), then SIGKILL."""
     backend.fault("slow", match=lambda m, p: m == "PUT" and f"/ckpt/step-{step}/" in p, slow_seconds_per_mb=40)
     proc = subprocess.Popen([sys.executable, "-m", "baton.cli", "train", "-c", cfg, *url, *CADENCE], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 180
-    while not any(s.method == "PUT" and f"/ckpt/step-{step}/model.safetensors" in s.path for s in backend.proxy.seen):
+
+    def upload():
+        return next((s for s in backend.proxy.seen
+                     if s.method == "PUT" and f"/ckpt/step-{step}/model.safetensors" in s.path), None)
+
+    def trained() -> int:
+        try:
+            return max((r["step"] for r in read_metrics(run_dir)), default=0)
+        except (OSError, ValueError):
+            return 0
+
+    while upload() is None or trained() < step + 2:
         assert proc.poll() is None, "the run ended before its upload could be killed: " + proc.stderr.read()
         assert time.time() < deadline
         time.sleep(0.01)
+    assert upload().status is None, "the upload should still be on the wire while training went on"
     proc.send_signal(signal.SIGKILL)
     assert proc.wait(timeout=30) == -signal.SIGKILL
     backend.clear_faults()
@@ -76,7 +89,7 @@ def test_stop_wipe_resume_from_s3_alone_and_sigkill_mid_upload(reference, make_b
     shutil.rmtree(tmp_path / "runs")  # a new machine: only the S3 store survives
 
     # Resumes at 10 from S3 alone; checkpoints 12 (verified) and 16 (killed while uploading).
-    kill_during_upload(backend, cfg, url, 16)
+    kill_during_upload(backend, cfg, url, 16, tmp_path / "runs" / "test")
     _, _, pointer = s3_checkpoint(backend)
     assert pointer["step"] == 12, "the pointer may only name a verified checkpoint"
     for name, info in pointer["files"].items():  # and every byte it names is there
