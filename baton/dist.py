@@ -46,6 +46,14 @@ def env_rank() -> int:
     return int(os.environ.get("RANK", 0))
 
 
+def node_suffix() -> str:
+    """Empty on a single node, else "-node<N>" (torchrun's GROUP_RANK): for files each node writes locally."""
+    local, world = os.environ.get("LOCAL_WORLD_SIZE"), os.environ.get("WORLD_SIZE")
+    if not local or not world or int(local) == int(world):
+        return ""
+    return f"-node{os.environ.get('GROUP_RANK', '0')}"
+
+
 def init(device_type: str, timeout_s: float = 600.0) -> DistInfo:
     """Join the process group torchrun describes in the environment (gloo on CPU, NCCL on CUDA)."""
     global _OBJ_GROUP

@@ -170,7 +170,8 @@ class Session:
                 return
             log.info("auto-resume: %s says step %d at %s/%s", self.store.describe(), pointer["step"], self.run,
                      pointer["path"])
-            folder = self.run_dir / "resume" / f"step-{pointer['step']}"
+            # One download per node; a folder per node, since nodes may share a file system (NFS home).
+            folder = self.run_dir / "resume" / f"step-{pointer['step']}{dist.node_suffix()}"
             err = None
             if self.dist.local_rank == 0:
                 try:
