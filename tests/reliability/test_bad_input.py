@@ -72,6 +72,10 @@ def _rewrite_ckpt_file(run: Path, name: str, data: bytes) -> None:
     (run / "latest.json").write_text(json.dumps(p))
 
 
+def _edit(path: Path, old: str, new: str) -> None:
+    path.write_text(path.read_text().replace(old, new))
+
+
 def _truncate(path: Path, keep: float = 0.5) -> None:
     data = path.read_bytes()
     path.write_bytes(data[: int(len(data) * keep)])
@@ -162,7 +166,7 @@ CASES: list[tuple[str, Callable[[Ctx], list[str]], tuple[str, ...]]] = [
     ("tokenizer-missing", lambda c: [*TRAIN, "-c", c.cfg, *c.data(lambda d: (d / "tokenizer.json").unlink())],
      ("tokenizer.json is missing", "rerun `baton prepare`")),
     ("tokenizer-replaced", lambda c: [*TRAIN, "-c", c.cfg, *c.data(
-        lambda d: (d / "tokenizer.json").write_text((d / "tokenizer.json").read_text().replace("<|endoftext|>", "<s>")))],
+        lambda d: _edit(d / "tokenizer.json", "<|endoftext|>", "<s>"))],
      ("the tokenizer was replaced after the data was prepared", "rerun `baton prepare --force`")),
     ("prepare-tokenizer-missing", lambda c: ["prepare", "-c", c.cfg, "--no-progress", "--force",
                                              "--set", f"data.dir={c.tmp / 'new'}",

@@ -55,7 +55,8 @@ def test_every_difference_in_one_message(resumable, zygote, make_config, tmp_pat
                  "tokens per step: checkpoint 256, now 192",
                  f"data.fingerprint: checkpoint '{before['cursor']['dataset_fingerprint']}', "
                  f"now '{new_manifest['fingerprint']}'",
-                 f"data.tokenizer: checkpoint sha256 {old_tok[:12]}…, now sha256 {new_manifest['tokenizer']['sha256'][:12]}…"):
+                 f"data.tokenizer: checkpoint sha256 {old_tok[:12]}…, "
+                 f"now sha256 {new_manifest['tokenizer']['sha256'][:12]}…"):
         assert part in msg, f"{part!r} missing from: {msg}"
     assert "--allow-change for data.shuffle_seed, data.fingerprint, data.tokenizer" in msg
     assert _pointer(store) == before  # a refused resume touches nothing in the store
