@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import resource
+import shutil
 import signal
 import time
 from contextlib import nullcontext
@@ -175,6 +176,7 @@ class Session:
             err = None
             if self.dist.local_rank == 0:
                 try:
+                    _tidy_local(self.run_dir, pointer["step"])
                     pull_checkpoint(self.store, self.run, pointer, folder)
                 except BatonError as e:
                     err = str(e)
@@ -669,6 +671,19 @@ def adamw(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.op
 def _row_digest(row: torch.Tensor) -> float:
     # 31 bits: a sum of one such value per position is exact in the float64 all-reduce.
     return float(int.from_bytes(hashlib.blake2b(row.numpy().tobytes(), digest_size=4).digest(), "little") >> 1)
+
+
+def _tidy_local(run_dir: Path, step: int) -> None:
+    """Remove what killed sessions left in ``run_dir``: earlier pulls, and local checkpoints up to the pointer's
+    step (the store holds a verified checkpoint at least as new). Each is a full checkpoint of disk; left
+    alone they pile up session after session until a save finds the disk full."""
+    for sub, newest in (("resume", step - 1), ("ckpt", step)):
+        folder = run_dir / sub
+        for d in sorted(folder.glob("step-*")) if folder.is_dir() else []:
+            n = d.name[len("step-"):].split("-")[0].split(".")[0]
+            if d.is_dir() and n.isdigit() and int(n) <= newest:
+                shutil.rmtree(d, ignore_errors=True)
+                log.info("removed %s, left by an earlier session (the store holds step %d)", d, step)
 
 
 def _rss_peak() -> int:

@@ -17,7 +17,9 @@ boto3 against the S3 server), not through baton:
 3. the checkpoint the pointer names is present (the latest verified checkpoint is never deleted);
 4. the steps trained beyond the pointer (lost work, redone on resume) are at most one cadence with
    synchronous pushes, two with a push in flight in the background;
-5. the next session resumes at exactly the pointer's step, and the metrics history it keeps is contiguous.
+5. the next session resumes at exactly the pointer's step, and the metrics history it keeps is contiguous;
+6. killed sessions do not pile up checkpoints on the local disk (one pulled copy, nothing older than the
+   pointer in the local checkpoint folder).
 
 When the run completes, its final checkpoint (weights and optimizer moments) and its metrics must equal an
 uninterrupted run's exactly.
@@ -265,6 +267,7 @@ class Chaos:
             if step_after is not None:
                 highest = max(highest or 0, step_after)
             self._check_resume(run, n, res.stderr, step_before)
+            self._check_local(run, n, step_after)
             metrics = read_metrics(self.runs / run / "metrics.jsonl")
             reached = metrics[-1]["step"] if metrics else 0
             steps = [r["step"] for r in metrics]
@@ -293,6 +296,20 @@ class Chaos:
                 return None
         self.report.rounds_completed += 1
         return before["step"]
+
+    def _check_local(self, run: str, n: int, pointer_step: int | None) -> None:
+        """Invariant 6: killed sessions do not pile up checkpoints on the local disk."""
+        def steps(sub: str) -> list[int]:
+            d = self.runs / run / sub
+            return [int(re.match(r"step-(\d+)", p.name).group(1)) for p in d.glob("step-*")] if d.is_dir() else []
+
+        pulled, local = steps("resume"), steps("ckpt")
+        if len(pulled) > 1:
+            self.report.violations.append(f"{run} leg {n}: {len(pulled)} pulled checkpoints kept locally: {pulled}")
+        stale = [s for s in local if pointer_step is not None and s < pointer_step]
+        if stale:
+            self.report.violations.append(f"{run} leg {n}: local checkpoints {stale} older than the pointer "
+                                          f"({pointer_step}) were left on disk")
 
     def _check_resume(self, run: str, n: int, stderr: str, pointer_step: int | None) -> None:
         v = self.report.violations
