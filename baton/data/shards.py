@@ -8,6 +8,7 @@ feeding the model garbage tokens.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import struct
 from pathlib import Path
@@ -71,8 +72,14 @@ def read_header(path: Path) -> tuple[np.dtype, int]:
 
 
 def open_shard(path: Path) -> np.ndarray:
-    """Memory-map a shard's tokens (read-only); the header is validated first."""
+    """A shard's tokens as a read-only array over a memory map; the header is validated first.
+
+    A plain ndarray, not an ``np.memmap``: slicing a memmap builds a memmap subclass each time, which
+    costs more than copying a window's tokens.
+    """
     dtype, count = read_header(path)
     if count == 0:
         return np.zeros(0, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_SIZE, shape=(count,))
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # the map outlives the file handle
+    return np.frombuffer(mm, dtype=dtype, count=count, offset=HEADER_SIZE)
