@@ -24,7 +24,7 @@ import httpx2
 import huggingface_hub as hf
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
-from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+from huggingface_hub.utils import build_hf_headers, disable_progress_bars, get_session, hf_raise_for_status
 
 from ..errors import ConfigError, StoreError
 from .base import ObjectInfo, RangeRead, safe_key
@@ -47,6 +47,9 @@ class HubStore:
         self.api = HfApi(endpoint=endpoint, token=token)
         self.endpoint = self.api.endpoint.rstrip("/")
         self._token = token or hf.get_token()
+        if hf.constants.HF_HUB_DISABLE_PROGRESS_BARS is None:
+            # Pushes run beside the training's progress bar; the library's own bars would interleave with it.
+            disable_progress_bars()
 
     @classmethod
     def from_url(cls, url: str, retry: RetryPolicy | None = None, endpoint: str | None = None,
