@@ -50,7 +50,8 @@ class Geometry:
         out = [
             f"{self.total_tokens:,} tokens → {self.n_windows:,} windows of {self.seq_len:,} "
             f"({self.n_train:,} train, {self.n_val:,} validation)",
-            f"horizon {self.steps:,} × {self.tokens_per_step:,} = {self.horizon:,} tokens; {self.margin * 100:.1f} % margin",
+            f"horizon {self.steps:,} × {self.tokens_per_step:,} = {self.horizon:,} tokens; "
+            f"{self.margin * 100:.1f} % margin",
         ]
         if self.epochs > 1:
             out.append(f"the horizon is {self.epochs:.2f} passes over the training windows: epoch e >= 1 reads "
@@ -98,8 +99,8 @@ def prefix_collisions(ds, k: int = COLLISION_K) -> int:
         base = arr[first * L - lo :]
         for a in range(0, last - first + 1, CHUNK):
             count = min(CHUNK, last - first + 1 - a)
-            scan(np.lib.stride_tricks.as_strided(base[a * L :], shape=(count, k), strides=(L * arr.itemsize, arr.itemsize),
-                                                 writeable=False))
+            step = (L * arr.itemsize, arr.itemsize)
+            scan(np.lib.stride_tricks.as_strided(base[a * L :], shape=(count, k), strides=step, writeable=False))
     # The few windows whose first k tokens cross a shard boundary.
     gaps, expected = [], 0
     for first, last in spans:

@@ -43,7 +43,8 @@ def parse_manifest(raw: bytes | str, where: str) -> dict[str, Any]:
         raise DataError(f"{where} is not valid JSON ({e}); rerun `baton prepare`") from None
     if not isinstance(m, dict):
         raise DataError(f"{where} is not a JSON object; rerun `baton prepare`")
-    missing = [k for k in ("format", "shards", "total_tokens", "n_shards", "fingerprint", "tokenizer", "dtype") if k not in m]
+    required = ("format", "shards", "total_tokens", "n_shards", "fingerprint", "tokenizer", "dtype")
+    missing = [k for k in required if k not in m]
     if missing:
         raise DataError(f"{where} lacks {', '.join(missing)}; it was not written by this baton (rerun `baton prepare`)")
     if m["format"] != FORMAT:

@@ -82,7 +82,8 @@ class Mix:
         self.readers = readers
         self.est = [max(1, estimate(r)) for r in readers]
         st = state or {}
-        self.streams = [SourceStream(r, seed, (st.get("streams") or [None] * len(readers))[i]) for i, r in enumerate(readers)]
+        saved = st.get("streams") or [None] * len(readers)
+        self.streams = [SourceStream(r, seed, saved[i]) for i, r in enumerate(readers)]
         self.consumed = list(st.get("consumed", [0] * len(readers)))
         self.active = list(st.get("active", [True] * len(readers)))
 

@@ -60,8 +60,10 @@ class Permutation:
         # alternate, so an odd bit count needs no padding to an even one (which would double the domain).
         a, b = bits // 2, bits - bits // 2
         self._splits = [(a, b) if r % 2 == 0 else (b, a) for r in range(ROUNDS)]
-        self._np_rounds = [(np.uint64(hb), np.uint64(lb), np.uint64((1 << lb) - 1), np.uint64((1 << hb) - 1), np.uint64(k))
-                           for (hb, lb), k in zip(self._splits, self.keys)]
+        self._np_rounds = [
+            (np.uint64(hb), np.uint64(lb), np.uint64((1 << lb) - 1), np.uint64((1 << hb) - 1), np.uint64(k))
+            for (hb, lb), k in zip(self._splits, self.keys)
+        ]
 
     # ---- vectorised (in-place where possible: on a batch of indices the per-call overhead dominates)
     def _encrypt(self, x: np.ndarray) -> np.ndarray:

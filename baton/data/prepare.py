@@ -32,8 +32,16 @@ from .manifest import FORMAT, MANIFEST, corpus_fingerprint, load_manifest
 from .mix import Mix
 from .shards import dtype_for_vocab, read_header, write_shard
 from .sources import SourceReader, stdlib_files  # noqa: F401  (stdlib_files: public helper)
-from .tokenize import (TOKENIZER_FILE, Encoder, auto_workers, data_tokenizer, find_eos, load_tokenizer,  # noqa: F401
-                       tokenizer_path, train_tokenizer)
+from .tokenize import (  # noqa: F401
+    TOKENIZER_FILE,
+    Encoder,
+    auto_workers,
+    data_tokenizer,
+    find_eos,
+    load_tokenizer,
+    tokenizer_path,
+    train_tokenizer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -120,11 +128,12 @@ def prepare(cfg: Config, force: bool = False, progress: bool = True) -> dict[str
     tmp.replace(out / MANIFEST)
     (out / JOURNAL).unlink(missing_ok=True)
     dt = time.time() - t0
-    log.info("prepared %s tokens in %d shards (%.0f tokens/s this run), fingerprint %s", f"{manifest['total_tokens']:,}",
-             manifest["n_shards"], job.written / max(dt, 1e-9), manifest["fingerprint"])
+    log.info("prepared %s tokens in %d shards (%s tokens/s this run), fingerprint %s", f"{manifest['total_tokens']:,}",
+             manifest["n_shards"], f"{job.written / max(dt, 1e-9):,.0f}", manifest["fingerprint"])
     if manifest["decontamination"]:
         dc = manifest["decontamination"]
-        log.info("decontamination dropped %d documents (%s tokens)", dc["dropped_documents"], f"{dc['dropped_tokens']:,}")
+        log.info("decontamination dropped %d documents (%s tokens)", dc["dropped_documents"],
+                 f"{dc['dropped_tokens']:,}")
     return manifest
 
 
@@ -336,8 +345,10 @@ def _progress(enabled: bool, total_bytes: int, done_bytes: int, done_tokens: int
     """Text bytes against the estimated total (hence the ETA), with tokens/s alongside."""
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=max(total_bytes, done_bytes), initial=done_bytes, unit="B", unit_scale=True, desc="prepare", disable=not enabled, mininterval=1.0,
-               bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} text [{elapsed}<{remaining}] {postfix}")
+    bar = tqdm(total=max(total_bytes, done_bytes), initial=done_bytes, unit="B", unit_scale=True, desc="prepare",
+               disable=not enabled, mininterval=1.0,
+               bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} text "
+                          "[{elapsed}<{remaining}] {postfix}")
     if done_tokens:
         bar.set_description(f"prepare (continuing after {done_tokens:,} tokens)")
     return bar

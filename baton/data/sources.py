@@ -35,7 +35,8 @@ def expand(path: str, kind: str = "text") -> list[Path]:
     if p.is_file():
         return [p]
     if p.is_dir():
-        files = [q for q in p.rglob("*") if q.is_file() and not any(part.startswith(".") for part in q.relative_to(p).parts)]
+        files = [q for q in p.rglob("*")
+                 if q.is_file() and not any(part.startswith(".") for part in q.relative_to(p).parts)]
         if kind in SUFFIXES:
             files = [q for q in files if q.name.endswith(SUFFIXES[kind])]
         return sorted(files)
@@ -123,9 +124,11 @@ class SourceReader:
                     try:
                         obj = json.loads(line)
                     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                        raise DataError(f"{path}:{lineno - 1} is not valid JSON ({e}); fix or remove the line") from None
+                        raise DataError(f"{path}:{lineno - 1} is not valid JSON ({e}); fix or remove the line") \
+                            from None
                     if not isinstance(obj, dict) or field not in obj:
-                        raise DataError(f"{path}:{lineno - 1} has no field {field!r} (set field = \"...\" on the source)")
+                        raise DataError(f"{path}:{lineno - 1} has no field {field!r} "
+                                        "(set field = \"...\" on the source)")
                     value = obj[field]
                     if value is None or value == "":
                         continue
@@ -141,7 +144,8 @@ class SourceReader:
         while fi < len(self.files):
             pf = pq.ParquetFile(self.files[fi])
             if field not in pf.schema_arrow.names:
-                raise DataError(f"{self.files[fi]} has no column {field!r} (columns: {', '.join(pf.schema_arrow.names)})")
+                names = ", ".join(pf.schema_arrow.names)
+                raise DataError(f"{self.files[fi]} has no column {field!r} (columns: {names})")
             md, first, g = pf.metadata, 0, 0
             while g < md.num_row_groups and first + md.row_group(g).num_rows <= row:
                 first += md.row_group(g).num_rows
@@ -171,7 +175,8 @@ class SourceReader:
         if isinstance(ds, datasets.DatasetDict):
             ds = ds["train"] if "train" in ds else ds[sorted(ds)[0]]
         if self.src.field not in ds.column_names:
-            raise DataError(f"dataset {self.src.path} has no column {self.src.field!r} (columns: {', '.join(ds.column_names)})")
+            names = ", ".join(ds.column_names)
+            raise DataError(f"dataset {self.src.path} has no column {self.src.field!r} (columns: {names})")
         return ds.select_columns([self.src.field])
 
     def _hf(self, pos: list[int]) -> Iterator[Doc]:

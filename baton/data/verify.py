@@ -140,7 +140,8 @@ def _verify(where, workers: int) -> VerifyReport:
     if len(shards) != m["n_shards"]:
         problems.append(f"{MANIFEST}: {len(shards)} shard records but n_shards={m['n_shards']}")
     if declared_tokens != m["total_tokens"]:
-        problems.append(f"{MANIFEST}: shard tokens add up to {declared_tokens:,} but total_tokens={m['total_tokens']:,}")
+        problems.append(f"{MANIFEST}: shard tokens add up to {declared_tokens:,} "
+                        f"but total_tokens={m['total_tokens']:,}")
     names = [s.get("file", "") for s in shards]
     bad_names = sorted({n for n in names if not n or "/" in n or "\\" in n or n.startswith(".")})
     if bad_names or len(set(names)) != len(names):

@@ -52,7 +52,8 @@ def write_mix(root: Path, n_jsonl: int = 60, n_parquet: int = 60, n_text: int = 
     return {"jsonl": jsonl, "parquet": parquet, "texts": texts}
 
 
-def mix_sources_toml(paths: dict[str, Path], caps: dict[str, int] | None = None, weights: dict[str, float] | None = None) -> str:
+def mix_sources_toml(paths: dict[str, Path], caps: dict[str, int] | None = None,
+                     weights: dict[str, float] | None = None) -> str:
     caps, weights = caps or {}, weights or {}
     out = []
     for kind, key, fieldname in (("jsonl", "jsonl", "text"), ("parquet", "parquet", "body"), ("text", "texts", "text")):
@@ -66,7 +67,8 @@ def write_mix_config(path: Path, data_dir: Path, paths: dict[str, Path], store: 
     """The test config (tests/helpers.py) with the stdlib source replaced by the mix; ``data`` sets [data] keys."""
     assert STDLIB_BLOCK in TEST_TOML, "tests/helpers.py TEST_TOML changed its data source block"
     base = path.parent
-    text = TEST_TOML.format(run_name="mix", runs=runs or base / "runs", data_dir=data_dir, store=store or base / "store")
+    text = TEST_TOML.format(run_name="mix", runs=runs or base / "runs", data_dir=data_dir,
+                            store=store or base / "store")
     text = text.replace(STDLIB_BLOCK, mix_sources_toml(paths, **mix))
     for key, value in (data or {}).items():
         line = f"{key} = {json.dumps(value)}"  # JSON strings, numbers and lists of strings are valid TOML

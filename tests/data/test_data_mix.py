@@ -34,7 +34,8 @@ def test_mix_prepares_verifies_and_trains_across_an_epoch(tmp_path, mix_paths, b
         assert sha256_file(tmp_path / "data" / s["file"]) == s["sha256"]
 
     verify = baton_cli("verify-data", "-c", str(cfg), check=True)
-    assert verify.stdout.strip().startswith(f"verify-data: {m['n_shards'] + 1} files hashed, 4,500 tokens, 0 mismatches")
+    summary = f"verify-data: {m['n_shards'] + 1} files hashed, 4,500 tokens, 0 mismatches"
+    assert verify.stdout.strip().startswith(summary)
 
     info = baton_cli("data-info", "-c", str(cfg), check=True).stdout
     assert "4,500 tokens → 140 windows of 32 (124 train, 16 validation)" in info
@@ -48,7 +49,8 @@ def test_mix_prepares_verifies_and_trains_across_an_epoch(tmp_path, mix_paths, b
     assert all(math.isfinite(r["loss"]) for r in rows) and rows[-1]["loss"] < rows[0]["loss"]
 
 
-def test_fingerprint_is_the_content_same_inputs_same_print_one_changed_document_changes_it(tmp_path, mix_paths, mix_prepared):
+def test_fingerprint_is_the_content_same_inputs_same_print_one_changed_document_changes_it(tmp_path, mix_paths,
+                                                                                          mix_prepared):
     first = load_manifest(mix_prepared[1])
     # Prepared again from scratch (tokenizer training included) into another folder: the same bytes.
     again = prepare(load_config(write_mix_config(tmp_path / "a.toml", tmp_path / "a", mix_paths,
@@ -72,7 +74,8 @@ def test_fingerprint_is_the_content_same_inputs_same_print_one_changed_document_
     assert doc["text"] != json.loads(lines[17])["text"]
     lines[17] = json.dumps(doc)
     moved["jsonl"].write_text("\n".join(lines) + "\n")
-    changed = prepare(load_config(write_mix_config(tmp_path / "c.toml", tmp_path / "c", moved, data=tok)), progress=False)
+    changed_cfg = write_mix_config(tmp_path / "c.toml", tmp_path / "c", moved, data=tok)
+    changed = prepare(load_config(changed_cfg), progress=False)
     assert changed["fingerprint"] != first["fingerprint"]
     # Preparing into the folder of the unchanged copy notices the edit (the source files are part of the spec).
     redo = prepare(load_config(tmp_path / "b.toml"), progress=False)

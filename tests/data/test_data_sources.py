@@ -6,7 +6,6 @@ import gzip
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 from mixdata import stdlib_documents, write_mix_config
 
@@ -67,7 +66,8 @@ def test_every_kind_prepares_to_the_same_bytes(tmp_path, kinds, mix_prepared):
     tokenizer = mix_prepared[1] / "tokenizer.json"
     fingerprints = {}
     for name, src in kinds.items():
-        cfg = load_config(mix_prepared[0], [f"data.dir={json.dumps(str(tmp_path / name))}", f"data.tokenizer={json.dumps(str(tokenizer))}"])
+        cfg = load_config(mix_prepared[0], [f"data.dir={json.dumps(str(tmp_path / name))}",
+                                            f"data.tokenizer={json.dumps(str(tokenizer))}"])
         cfg.data.sources = [src]
         fingerprints[name] = prepare(cfg, progress=False)["fingerprint"]
     assert len(set(fingerprints.values())) == 1, fingerprints
@@ -76,7 +76,8 @@ def test_every_kind_prepares_to_the_same_bytes(tmp_path, kinds, mix_prepared):
 def test_weights_caps_and_interleaving(tmp_path, mix_paths, mix_prepared):
     tok = str(mix_prepared[1] / "tokenizer.json")
     one = load_manifest(mix_prepared[1])["sources"]
-    cfg = write_mix_config(tmp_path / "w.toml", tmp_path / "w", mix_paths, data={"tokenizer": tok, "shard_tokens": 4000},
+    cfg = write_mix_config(tmp_path / "w.toml", tmp_path / "w", mix_paths,
+                           data={"tokenizer": tok, "shard_tokens": 4000},
                            weights={"jsonl": 2.0, "parquet": 0.5}, caps={"texts": 5000})
     m = prepare(load_config(cfg), progress=False)
     s = {x["kind"]: x for x in m["sources"]}
