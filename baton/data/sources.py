@@ -82,7 +82,7 @@ class SourceReader:
                     rg = md.row_group(g)
                     total += sum(rg.column(c).total_uncompressed_size for c in range(rg.num_columns)
                                  if rg.column(c).path_in_schema == self.src.field)
-            return total
+            return total or sum(f.stat().st_size for f in self.files)  # a nested column: the files will do
         if self.kind == "hf_dataset":
             return sum(f.stat().st_size for f in self.files if f.suffix == ".arrow")
         return sum(f.stat().st_size * (GZIP_RATIO if f.name.endswith(".gz") else 1) for f in self.files)
