@@ -170,7 +170,8 @@ def failure_report(ranks: list[RankLog], log_dir: Path, nproc: int, rc: int) -> 
     failed = [r for r in ranks if r.first_error_at]
     first = min(failed, key=lambda r: r.first_error_at or "").rank if failed else None
     for r in ranks:
-        status = "no exit record (killed before it could write one)" if r.exit_status is None else f"exit status {r.exit_status}"
+        status = (f"exit status {r.exit_status}" if r.exit_status is not None
+                  else "no exit record (killed before it could write one)")
         mark = "  <- first to fail" if r.rank == first else ""
         lines.append(f"--- rank {r.rank}: {status}; {r.path}{mark}")
         for block in r.errors + r.tracebacks:

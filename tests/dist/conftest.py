@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from distrun import Run, Runs
+from distrun import ACCUM2, Run, Runs
 
 
 @pytest.fixture(scope="session")
@@ -18,8 +18,9 @@ def runs(tmp_path_factory, prepared_data) -> Runs:
 
 @pytest.fixture(scope="session")
 def ref2(runs) -> Run:
-    """The uninterrupted 2-rank run of the test config (20 steps, global batch 8 = 2 ranks x 4)."""
-    return runs.train("ref2", "--nproc", "2")
+    """The uninterrupted 2-rank run of the test config: 20 steps, global batch 8 = 2 ranks x 2 micro-batches
+    of 2 (so each step has a micro-batch without gradient sync and one with)."""
+    return runs.train("ref2", "--nproc", "2", *ACCUM2)
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +33,7 @@ def ref1(runs) -> Run:
 def stop2_nodes(runs) -> list[Run]:
     """A 2-rank run stopped at step 10 with a verified checkpoint, made by two single-process "nodes" that
     meet at a c10d rendezvous (the multi-node path); one launcher's view per node."""
-    return runs.train_nodes("stop2", 2, "--stop-after-steps", "10")
+    return runs.train_nodes("stop2", 2, "--stop-after-steps", "10", *ACCUM2)
 
 
 @pytest.fixture(scope="session")

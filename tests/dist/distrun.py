@@ -119,6 +119,8 @@ class Runs:
 LOSS_ATOL = 1e-5
 GRAD_RTOL = 1e-5
 GLOBAL_BATCH = 8  # tests/helpers.py TEST_TOML
+# Micro-batches of 2: two per rank per step on 2 ranks, so the no-sync micro-step is exercised for real.
+ACCUM2 = ("--set", "train.micro_batch=2")
 
 
 def expected_batch_shas(data_dir, steps: int) -> list[str]:

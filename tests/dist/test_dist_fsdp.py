@@ -7,12 +7,15 @@ differences in the last bits, so the trace is compared with the DDP run within t
 
 from __future__ import annotations
 
-from distrun import assert_close_trace
+from distrun import ACCUM2, assert_close_trace
 from helpers import store_checkpoint_tensors
+
+# Two micro-batches per rank: the first accumulates without reduce-scatter, the second reduces.
+FSDP = ("--set", "train.parallel=fsdp", *ACCUM2)
 
 
 def test_fsdp_trains_checkpoints_full_state_and_resumes_sharded_or_single(runs, ref2):
-    first = runs.train("fsdp-stop", "--nproc", "2", "--set", "train.parallel=fsdp", "--stop-after-steps", "10")
+    first = runs.train("fsdp-stop", "--nproc", "2", *FSDP, "--stop-after-steps", "10")
     assert first.pointer["step"] == 10
     # The checkpoint is the full, unsharded state in the same format as a DDP run's.
     m_f, o_f, _ = store_checkpoint_tensors(first.store, "test")
@@ -20,7 +23,7 @@ def test_fsdp_trains_checkpoints_full_state_and_resumes_sharded_or_single(runs, 
     assert {k: (v.shape, v.dtype) for k, v in m_f.items()} == {k: (v.shape, v.dtype) for k, v in m_d.items()}
     assert {k: (v.shape, v.dtype) for k, v in o_f.items()} == {k: (v.shape, v.dtype) for k, v in o_d.items()}
 
-    sharded = runs.train("fsdp-resume", "--nproc", "2", "--set", "train.parallel=fsdp", store_from=first.store)
+    sharded = runs.train("fsdp-resume", "--nproc", "2", *FSDP, store_from=first.store)
     single = runs.train("fsdp-to-single", store_from=first.store)
     for run in (sharded, single):
         assert "resumed at step 10" in run.log(0)

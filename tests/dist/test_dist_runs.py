@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from distrun import (GLOBAL_BATCH, assert_close_trace, assert_complete_and_verified, assert_exact_trace,
+from distrun import (ACCUM2, GLOBAL_BATCH, assert_close_trace, assert_complete_and_verified, assert_exact_trace,
                      expected_batch_shas)
 from helpers import assert_tensors_equal, store_checkpoint_tensors
 
@@ -49,7 +49,7 @@ def test_two_ranks_stopped_wiped_and_resumed_equal_uninterrupted(runs, ref2, sto
     # one machine with --nproc 2.
     assert stop2.pointer["step"] == 10
     # A new folder with only the store copied: nothing local survives the "wipe".
-    resumed = runs.train("resume2", "--nproc", "2", store_from=stop2.store)
+    resumed = runs.train("resume2", "--nproc", "2", *ACCUM2, store_from=stop2.store)
     assert "resumed at step 10" in resumed.log(0) and "resumed at step 10" in resumed.log(1)
     assert_exact_trace(resumed.metrics, ref2.metrics)
     m_a, o_a, p_a = store_checkpoint_tensors(resumed.store, "test")
