@@ -99,7 +99,6 @@ class S3View:
 
 @dataclass
 class Kill:
-    round: int
     target: str
     hit: str  # the phase the kill landed in ("<point>" inside its window, "<point>+" just after it)
     delay: float
@@ -220,9 +219,7 @@ class Chaos:
                 time.sleep(0.01)
             if child.alive():
                 child.kill()
-                lines = trace_lines(trace)
-                main = [ln for ln in lines if ln[-1] == "MainThread"]
-                hit = "startup" if not lines else (main[-1][0] if main else lines[-1][0])
+                hit = self._main_phase(trace)
         else:
             # Aimed: at the k-th occurrence for steps, else the first time the point is reached.
             want = self.rng.randint(1, 3) if target == "step" else 1
@@ -238,11 +235,20 @@ class Chaos:
                 time.sleep(max(0.0, seen_at + delay - time.monotonic()))
                 if child.alive():
                     child.kill()
-                    hit = target if target == "step" or delay < self.pause else f"{target}+"
+                    if target == "step":
+                        hit = self._main_phase(trace)
+                    else:  # inside the widened window, or just after it: in the operation that follows
+                        hit = target if delay < self.pause else f"{target}+"
         return child.wait(600), hit, delay
 
+    @staticmethod
+    def _main_phase(trace: Path) -> str:
+        """The last point the training thread passed before the kill ("startup" before the first step)."""
+        main = [ln[0] for ln in trace_lines(trace) if ln[-1] == "MainThread"]
+        return main[-1] if main else "startup"
+
     # ---- a whole run
-    def round(self, run: str, kills: int, targets: list[str]) -> list[float] | None:
+    def round(self, run: str, kills: int, targets: list[str]) -> int | None:
         """Train ``run`` to completion with up to ``kills`` kills. Returns the final pointer's step or None."""
         v = self.report.violations
         highest: int | None = None  # the highest pointer step seen: it may never go back or vanish
@@ -281,7 +287,7 @@ class Chaos:
                 if lost > self.bound:
                     v.append(f"{run} leg {n}: killed at step {reached} with the pointer at {step_after}: "
                              f"{lost} steps to redo, more than {self.bound}")
-                self.report.kills.append(Kill(0, target, hit, round(delay, 3), step_before, step_after, reached,
+                self.report.kills.append(Kill(target, hit, round(delay, 3), step_before, step_after, reached,
                                               res.returncode))
                 self.log(f"kill {len(self.report.kills):3d} {run} target={target:16s} hit={hit:18s} "
                          f"pointer {step_before}->{step_after} reached {reached}")
