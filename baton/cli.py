@@ -201,11 +201,13 @@ _LAUNCH_DESTS = {"nproc", "nnodes", "rdzv_endpoint", "rdzv_id", "rdzv_backend", 
 
 def _launch_torchrun(args, cfg) -> int:
     """Re-run this command under torchrun with the training *module* (never the interpreter as a script)."""
-    from .launch import LaunchSpec, launch
+    from .launch import LaunchSpec, check_geometry, launch
 
     spec = LaunchSpec(nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
                       master_port=args.master_port, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
                       rdzv_backend=args.rdzv_backend, shutdown_timeout=args.shutdown_timeout)
+    spec.check()
+    check_geometry(spec, cfg.train.global_batch, cfg.train.micro_batch)
     return launch(spec, _rank_argv(args), cfg.run_dir / "logs", cfg.run.name)
 
 

@@ -71,6 +71,18 @@ class LaunchSpec:
             raise BatonError("; ".join(problems))
 
 
+def check_geometry(spec: LaunchSpec, global_batch: int, micro_batch: int | str) -> None:
+    """Refuse, before starting any process, a global batch the ranks cannot split evenly."""
+    if not spec.nnodes.isdigit() or not isinstance(micro_batch, int):
+        return  # an elastic node range or an automatic micro-batch: each rank checks when it knows
+    world = spec.nproc * int(spec.nnodes)
+    if global_batch % (micro_batch * world):
+        raise BatonError(
+            f"train.global_batch={global_batch} is not divisible by micro_batch {micro_batch} x {world} ranks "
+            f"({spec.nproc} per node x {spec.nnodes} nodes); change global_batch, micro_batch or the number of ranks"
+        )
+
+
 @lru_cache(maxsize=1)
 def _torchrun_options() -> frozenset[str]:
     # Some options (signals to handle, shutdown timeout) are newer than the oldest torch baton supports.

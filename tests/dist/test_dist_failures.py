@@ -103,6 +103,10 @@ def test_launcher_flags_are_checked_and_train_flags_are_passed_on(make_config, b
     assert p.returncode == 2 and "needs --rdzv-endpoint" in p.stderr
     p = baton_cli("train", "--config", str(cfg), "--master-addr", "node0")
     assert p.returncode == 2 and "--master-addr needs --node-rank" in p.stderr
+    # 8 samples per step cannot be split over 3 ranks: refused before any process starts.
+    p = baton_cli("train", "--config", str(cfg), "--nproc", "3")
+    assert p.returncode == 2 and "not divisible by micro_batch 4 x 3 ranks" in p.stderr
+    assert "launching" not in p.stderr
 
     from baton.cli import _rank_argv, build_parser
 
