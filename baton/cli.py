@@ -295,14 +295,14 @@ def cmd_data_info(args) -> int:
 
 
 def cmd_config(args) -> int:
-    from .config import Config, config_json, reference_table
+    from .config import config_json, reference_table
 
     if args.reference:
         print("| key | type | default | meaning |\n|---|---|---|---|")
         for key, tp, default, meaning in reference_table():
             print(f"| `{key}` | {tp} | `{default}` | {meaning} |")
         return 0
-    cfg = _load(args) if args.config else Config()
+    cfg = _load(args)  # without --config: the defaults, with the --set overrides applied and checked
     print(config_json(cfg))
     return 0
 

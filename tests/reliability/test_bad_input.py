@@ -132,6 +132,8 @@ CASES: list[tuple[str, Callable[[Ctx], list[str]], tuple[str, ...]]] = [
      ("--set 'optim.lr' is not KEY=VALUE", "example: --set optim.lr=3e-4")),
     ("flag-set-unknown", lambda c: ["config", "-c", c.cfg, "--set", "optim.learning_rate=1e-3"],
      ("no such key 'learning_rate' in optim", "valid: beta1")),
+    ("flag-set-without-config", lambda c: ["config", "--set", "optim.learning_rate=1e-3"],
+     ("no such key 'learning_rate' in optim", "valid: beta1")),
     ("flag-set-type", lambda c: ["config", "-c", c.cfg, "--set", "train.steps=many"],
      ("train.steps must be int, got str 'many'",)),
     ("flag-stop-after", lambda c: [*TRAIN, "-c", c.cfg, "--stop-after-steps", "0"],
