@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,13 +138,17 @@ def barrier() -> None:
 
 
 def fault_point(rank: int, step: int) -> None:
-    """Fail on purpose where ``BATON_FAULT_AT=RANK:STEP`` says (how the tests prove the failure path).
+    """Fail on purpose where ``BATON_FAULT_AT=RANK:STEP[:hang]`` says (how the failure paths are proven):
+    raise, or with ``:hang`` stop responding, so the other ranks meet the collective timeout.
 
     Unset, as in every real run, this is one dictionary lookup per step.
     """
     spec = os.environ.get("BATON_FAULT_AT")
     if not spec:
         return
-    want_rank, want_step = (int(v) for v in spec.split(":"))
-    if rank == want_rank and step == want_step:
+    want_rank, want_step, *mode = spec.split(":")
+    if rank == int(want_rank) and step == int(want_step):
+        if mode == ["hang"]:
+            while True:
+                time.sleep(3600)
         raise RuntimeError(f"injected failure on rank {rank} at step {step} (BATON_FAULT_AT={spec})")
