@@ -103,6 +103,7 @@ def prepare(cfg: Config, force: bool = False, progress: bool = True) -> dict[str
         load_tokenizer(cfg.data.tokenizer)  # fail on a bad path before any work
     readers = _readers(cfg)
     if not force and (m := already_prepared(cfg, readers)):
+        (out / JOURNAL).unlink(missing_ok=True)  # a kill between the manifest and this cleanup leaves one
         log.info("data in %s is already prepared for this config (%s tokens, fingerprint %s)",
                  out, f"{m['total_tokens']:,}", m["fingerprint"])
         return m
