@@ -128,9 +128,9 @@ def prepare(cfg: Config, force: bool = False, progress: bool = True) -> dict[str
     tmp.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
     tmp.replace(out / MANIFEST)
     (out / JOURNAL).unlink(missing_ok=True)
-    dt = time.time() - t0
-    log.info("prepared %s tokens in %d shards (%s tokens/s this run), fingerprint %s", f"{manifest['total_tokens']:,}",
-             manifest["n_shards"], f"{job.written / max(dt, 1e-9):,.0f}", manifest["fingerprint"])
+    log.info("prepared %s tokens in %d shards (%s tokens/s encoded and written, %.0f s in all), fingerprint %s",
+             f"{manifest['total_tokens']:,}", manifest["n_shards"], f"{job.written / max(job.seconds, 1e-9):,.0f}",
+             time.time() - t0, manifest["fingerprint"])
     if manifest["decontamination"]:
         dc = manifest["decontamination"]
         log.info("decontamination dropped %d documents (%s tokens)", dc["dropped_documents"],
@@ -204,6 +204,7 @@ class _Job:
         self.fill = 0
         self.buf_sources: set[int] = set()
         self.written = 0
+        self.seconds = 0.0
 
     # ---- the loop
     def run(self, state: dict | None) -> list[dict[str, int]]:
@@ -235,9 +236,11 @@ class _Job:
                     self._consume(*pending.popleft(), acct, mix, bar, t0)
             while pending:
                 self._consume(*pending.popleft(), acct, mix, bar, t0)
+            bar.total = bar.n  # the sizes were estimates; the text is all read now
         finally:
             encoder.close()
             bar.close()
+            self.seconds = time.time() - t0
         if self.fill:
             self._flush({"done": acct})
         else:
@@ -349,7 +352,7 @@ def _progress(enabled: bool, total_bytes: int, done_bytes: int, done_tokens: int
     bar = tqdm(total=max(total_bytes, done_bytes), initial=done_bytes, unit="B", unit_scale=True, desc="prepare",
                disable=not enabled, mininterval=1.0,
                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} text "
-                          "[{elapsed}<{remaining}] {postfix}")
+                          "[{elapsed}<{remaining}]{postfix}")
     if done_tokens:
         bar.set_description(f"prepare (continuing after {done_tokens:,} tokens)")
     return bar
