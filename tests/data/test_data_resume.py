@@ -68,6 +68,7 @@ def test_sigkill_and_rerun_gives_the_bytes_of_an_uninterrupted_prepare(tmp_path,
     tok = (folder / "tokenizer.json").stat()
     second = _kill_after(cfg, journal, first + 8, workers=1)
     assert second >= first + 8
+    kept = {f"shard-{i:05d}.bin": (folder / f"shard-{i:05d}.bin").stat() for i in range(second)}
     with open(journal, "ab") as f:  # a record torn mid-write: ignored, its shard written again
         f.write(b'{"resume": {"acct": [{"docu')
     done = subprocess.run(_prepare_cmd(cfg, 1), cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -76,6 +77,9 @@ def test_sigkill_and_rerun_gives_the_bytes_of_an_uninterrupted_prepare(tmp_path,
     assert "training a byte-level BPE" not in done.stderr  # the tokenizer is reused, not retrained
     after = (folder / "tokenizer.json").stat()
     assert (after.st_ino, after.st_mtime_ns) == (tok.st_ino, tok.st_mtime_ns)
+    for name, st in kept.items():  # finished shards are kept, not written again
+        now = (folder / name).stat()
+        assert (now.st_ino, now.st_mtime_ns) == (st.st_ino, st.st_mtime_ns), name
 
     names = sorted(p.name for p in (tmp_path / "ref").iterdir())
     assert names == sorted(p.name for p in folder.iterdir())  # journal gone, no leftovers
