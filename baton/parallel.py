@@ -9,13 +9,10 @@ model and optimizer, which the ordinary checkpoint and export code then writes.
 from __future__ import annotations
 
 import inspect
-import logging
 from contextlib import nullcontext
 from typing import Any, Callable
 
 import torch
-
-log = logging.getLogger(__name__)
 
 KINDS = ("ddp", "fsdp")
 
