@@ -3,8 +3,9 @@
 1. cycle / floor (target <= 1.5): the whole ``push_checkpoint`` (hash, upload, listing + ranged read-back,
    pointer write and read-back, prune, retention) of a reference-shape checkpoint (106,194,240 fp32
    parameters: weights + AdamW's two moments, about 1.27 GB of random values) into the local store, against
-   the floor measured in the same run on the same bytes: copying them into the same folder the same way
-   (fsync'd) and hashing them once. Cycle and floor alternate, the median of each is compared.
+   the floor measured in the same run on the same bytes: copying them into the same disk (fsync'd) and
+   hashing them once, in the same single pass (read a chunk, hash it, write it), the least any verified
+   copy must do. Cycle and floor alternate; the median of each is compared.
 2. step time with a push in flight / without (target <= 1.10): a small model trains with one torch thread
    while the same checkpoint is pushed in the background by baton's ``Pusher``; its steps are compared
    with steps taken right before, with no push. A push uses at most half the cores for hashing.
@@ -58,20 +59,18 @@ def make_checkpoint(folder: Path, params: int) -> int:
 
 
 def floor_once(src: Path, dst: Path) -> float:
-    """Copy every file the way the store does (one pass, fsync'd), then hash the bytes once."""
+    """Copy every file and hash its bytes once, in one pass per file, fsync'd: nothing less is a verified copy."""
     os.sync()  # no earlier writes still draining to disk while the clock runs
     t0 = time.perf_counter()
     dst.mkdir(parents=True)
     for p in sorted(src.iterdir()):
-        with open(p, "rb") as f, open(dst / p.name, "wb") as out:
-            shutil.copyfileobj(f, out, CHUNK)
-            out.flush()
-            os.fsync(out.fileno())
-    for p in sorted(src.iterdir()):
         h = hashlib.sha256()
-        with open(p, "rb") as f:
+        with open(p, "rb") as f, open(dst / p.name, "wb") as out:
             while chunk := f.read(CHUNK):
                 h.update(chunk)
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
     seconds = time.perf_counter() - t0
     shutil.rmtree(dst)
     return seconds
