@@ -13,15 +13,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "store"))  # the S3 test server of the store tests
 
+from fake_credentials import FAKE_HF_TOKEN, FAKE_KEY, FAKE_SECRET  # noqa: E402
 from zygote import Zygote  # noqa: E402
-
-# Recognisable fakes: the S3 test server accepts any credentials, and the secret test searches every
-# output for these strings.
-FAKE_KEY = "AKIDBATONRELIABLE001"
-FAKE_SECRET = "batonFakeSecret-7f3a9c-NEVER-PRINT-ME"
-FAKE_HF_TOKEN = "hf_batonFakeToken7f3a9cNeverPrint"
-SECRETS = (FAKE_KEY, FAKE_SECRET, FAKE_HF_TOKEN)
-
 
 # Variables of the machine running the tests that would point boto3 elsewhere.
 UNSET = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 
 from chaos import AIMED, PHASES, Chaos, LocalView, S3View, compare_runs
-from conftest import FAKE_KEY, FAKE_SECRET
+from fake_credentials import FAKE_KEY, FAKE_SECRET
 
 CADENCE = 2
 STEPS = 48

@@ -13,7 +13,7 @@ import hashlib
 from pathlib import Path
 
 from chaos import LocalView, S3View
-from conftest import FAKE_KEY, FAKE_SECRET, SECRETS
+from fake_credentials import FAKE_KEY, FAKE_SECRET, SECRETS
 
 
 def _leaks(blobs: dict[str, bytes]) -> list[str]:
