@@ -24,6 +24,7 @@ import numpy as np
 
 ALGORITHM = "feistel-alt-splitmix-sha512-v2"
 ROUNDS = 6
+SCALAR_WALK = 8  # cycle-walk leftovers up to this many are finished one by one
 _M64 = (1 << 64) - 1
 _GOLD, _M1, _M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 _NGOLD, _NM1, _NM2 = np.uint64(_GOLD), np.uint64(_M1), np.uint64(_M2)
@@ -60,6 +61,7 @@ class Permutation:
         # alternate, so an odd bit count needs no padding to an even one (which would double the domain).
         a, b = bits // 2, bits - bits // 2
         self._splits = [(a, b) if r % 2 == 0 else (b, a) for r in range(ROUNDS)]
+        self._rounds = [(hb, lb, (1 << lb) - 1, (1 << hb) - 1, k) for (hb, lb), k in zip(self._splits, self.keys)]
         self._np_rounds = [
             (np.uint64(hb), np.uint64(lb), np.uint64((1 << lb) - 1), np.uint64((1 << hb) - 1), np.uint64(k))
             for (hb, lb), k in zip(self._splits, self.keys)
@@ -93,6 +95,11 @@ class Permutation:
         n = np.uint64(self.n)
         out = np.flatnonzero(y >= n)
         while out.size:  # terminates: every orbit through [0, n) returns to [0, n)
+            if out.size <= SCALAR_WALK and step == self._encrypt:
+                # A few stragglers: plain-int rounds cost less than another pass of array calls.
+                for j in out.tolist():
+                    y[j] = self._walk_scalar(int(y[j]))
+                break
             y[out] = step(y[out])
             out = out[y[out] >= n]
         return y.astype(np.int64)
@@ -111,20 +118,23 @@ class Permutation:
         """The inverse: the indices whose permuted values are ``values``."""
         return self._walk(self._check(values), self._decrypt)
 
-    # ---- scalar: plain Python ints, about a microsecond a round trip, no array set-up
+    # ---- scalar: plain Python ints, a few microseconds a lookup, no array set-up
     def __getitem__(self, i: int) -> int:
         i = int(i)
         if not 0 <= i < self.n:
             raise IndexError(f"permutation index {i} out of range [0, {self.n})")
-        n, rounds = self.n, list(zip(self._splits, self.keys))
-        x = i
+        return self._walk_scalar(i)
+
+    def _walk_scalar(self, x: int) -> int:
+        """Encrypt ``x`` (any value of the domain) until the result lies in [0, n)."""
+        n, rounds = self.n, self._rounds
         while True:
-            for (hb, lb), k in rounds:
-                lo = x & ((1 << lb) - 1)
+            for hb, lb, lo_mask, hi_mask, k in rounds:
+                lo = x & lo_mask
                 z = ((lo + k) * _GOLD) & _M64
                 z = ((z ^ (z >> 30)) * _M1) & _M64
                 z = ((z ^ (z >> 27)) * _M2) & _M64
-                x = (lo << hb) | ((x >> lb) ^ ((z ^ (z >> 31)) & ((1 << hb) - 1)))
+                x = (lo << hb) | ((x >> lb) ^ ((z ^ (z >> 31)) & hi_mask))
             if x < n:
                 return x
 

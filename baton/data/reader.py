@@ -108,6 +108,9 @@ class WindowDataset:
 
     # ---- addressing
     def train_window_ids(self, start_sample: int, count: int) -> np.ndarray:
+        e, first = divmod(start_sample, self.n_train)
+        if first + count <= self.n_train:  # within one epoch: the common case, one call
+            return self._perm(e).take(np.arange(first, first + count, dtype=np.int64))
         s = np.arange(start_sample, start_sample + count, dtype=np.int64)
         epochs, pos = np.divmod(s, self.n_train)
         out = np.empty_like(s)
