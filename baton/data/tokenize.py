@@ -155,6 +155,9 @@ class Encoder:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
+POOL_FROM_BYTES = 16 << 20  # below this, starting worker processes costs more than they save
+
+
 def auto_workers(setting: int, est_bytes: int) -> int:
     """0 means: one process per core for a large corpus, this process alone for a small one."""
     if setting > 0:
@@ -163,4 +166,4 @@ def auto_workers(setting: int, est_bytes: int) -> int:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
-    return cores if est_bytes >= 64 << 20 else 1
+    return cores if est_bytes >= POOL_FROM_BYTES else 1
