@@ -241,11 +241,14 @@ class Session:
         mb, per_rank = self.cfg.train.micro_batch, self.cfg.train.global_batch // self.world
         self._batch_rows.zero_()
         pos = self.dist.rank * per_rank  # where this rank's share starts in the global batch
-        for x, y in self.data.rank_micro_batches(step, self.cfg.train.global_batch, mb, self.dist.rank, self.world):
-            for row in x:
-                self._batch_rows[pos] = _row_digest(row)
+        digests = self._batch_rows.numpy()  # a view: numpy rows and stores cost less than torch's per row
+        for t in self.data.rank_micro_rows(step, self.cfg.train.global_batch, mb, self.dist.rank, self.world):
+            for row in t.numpy()[:, :-1]:
+                digests[pos] = _row_digest(row)
                 pos += 1
-            yield x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            if self.device.type == "cuda":  # one pinned, asynchronous copy per micro-batch; sliced on the GPU
+                t = t.pin_memory().to(self.device, non_blocking=True)
+            yield t[:, :-1], t[:, 1:]
 
     def reduce_step(self, loss: float) -> tuple[float, str]:
         """Mean loss over ranks and the digest of the whole global batch, in one collective.
@@ -668,9 +671,9 @@ def adamw(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.op
     )
 
 
-def _row_digest(row: torch.Tensor) -> float:
+def _row_digest(row) -> float:
     # 31 bits: a sum of one such value per position is exact in the float64 all-reduce.
-    return float(int.from_bytes(hashlib.blake2b(row.numpy().tobytes(), digest_size=4).digest(), "little") >> 1)
+    return float(int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=4).digest(), "little") >> 1)
 
 
 def _tidy_local(run_dir: Path, step: int) -> None:

@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5, help="steps per side not measured")
     ap.add_argument("--work", default=None, help="working folder (default: $TMPDIR/baton-bench)")
     ap.add_argument("--profile", action="store_true", help="cProfile baton's loop and print the top entries")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads for both sides (0: torch's default)")
     args = ap.parse_args()
 
     import torch
@@ -46,7 +47,7 @@ def main() -> None:
 
     work = default_work_dir() if args.work is None else __import__("pathlib").Path(args.work)
     run = f"overhead-{args.shape}"
-    cfg_path = write_config(work, run, shape=args.shape, data_dir=work / "data")
+    cfg_path = write_config(work, run, shape=args.shape, data_dir=work / "data", threads=args.threads)
     prepare_data(cfg_path)
     for d in (work / "runs" / run, work / "store" / run):
         shutil.rmtree(d, ignore_errors=True)
@@ -101,6 +102,8 @@ def main() -> None:
         train(s)
         if prof:
             prof.disable()
+        s.record = orig_record
+        parts = breakdown(s, total)
     finally:
         s.close()
     # The first baton interval includes the loop's start-up; it is among the warm-up steps.
@@ -113,12 +116,45 @@ def main() -> None:
     print(f"median of per-pair ratios {median(pair):.4f}")
     print(f"STEP OVERHEAD RATIO (baton / bare, medians) = {ratio:.4f}  target <= 1.03  "
           f"{'OK' if ratio <= 1.03 else 'MISSED'}")
+    own = sum(parts.values())
+    print("baton's own work per step, outside the model and optimizer (microseconds, median of 200 calls): "
+          + ", ".join(f"{k} {v:.0f}" for k, v in parts.items()))
+    print(f"  = {own:.0f} us per step, {own / 1e6 / median(r):.2%} of the bare step")
     if prof:
         import pstats
 
         pstats.Stats(prof).sort_stats("cumulative").print_stats(35)
     if not math.isfinite(ratio):
         raise SystemExit(1)
+
+
+def breakdown(s, step0: int) -> dict[str, float]:
+    """Median cost of each piece of per-step work baton adds around the model, called on its own."""
+    import statistics
+
+    from baton.schedule import lr_factor
+
+    m = {"loss": 1.0, "lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": 1e4, "step_seconds": 0.1, "skipped": False}
+    pieces = {
+        "batches": lambda i: [None for _ in s.micro_batches(step0 + i)],
+        "lr": lambda i: lr_factor(step0 + i, s.total_steps, 10, 0.8),
+        "record": lambda i: s.record(step0 + i, m),
+    }
+    if hasattr(s, "at_boundary"):
+        pieces["boundary"] = lambda i: s.at_boundary(step0 + i)
+    else:
+        pieces["stop_check"] = lambda i: s.stop_requested()
+    if hasattr(s, "reduce_step"):
+        pieces["reduce"] = lambda i: s.reduce_step(1.0)
+    out = {}
+    for name, fn in pieces.items():
+        ts = []
+        for i in range(200):
+            t0 = time.perf_counter()
+            fn(i)
+            ts.append(time.perf_counter() - t0)
+        out[name] = statistics.median(ts) * 1e6
+    return out
 
 
 if __name__ == "__main__":

@@ -157,10 +157,16 @@ class WindowDataset:
 
         Every rank slices the same global order, so the samples of a step do not depend on the world size.
         """
+        for t in self.rank_micro_rows(step, global_batch, micro_batch, rank, world):
+            yield t[:, :-1], t[:, 1:]
+
+    def rank_micro_rows(self, step: int, global_batch: int, micro_batch: int, rank: int, world: int):
+        """``rank_micro_batches`` as whole windows, inputs and labels in one (micro_batch, seq_len + 1) tensor,
+        so a GPU gets each micro-batch in one copy and slices it there."""
         per_rank = global_batch // world
         ids = self._block_ids(step * global_batch + rank * per_rank, per_rank)
         for j in range(0, per_rank, micro_batch):
-            yield self.windows(ids[j : j + micro_batch])
+            yield self.rows(ids[j : j + micro_batch])
 
     def _block_ids(self, start: int, count: int) -> np.ndarray:
         """``train_window_ids(start, count)``; reading forward, as training does, is served from a block of
