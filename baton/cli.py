@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "checkpoint folder")
     p.add_argument("--stop-after-steps", type=int, default=None, metavar="N",
                    help="end this session at step N (checkpoint included)")
+    p.add_argument("--verify", choices=("sample", "full"), default=None,
+                   help="read-back after each push: sample (start, end and a random window of every file) or "
+                        "full (every byte); shorthand for --set store.verify=...")
     p.add_argument("--allow-change", action="append", default=[], metavar="KEY",
                    help="resume although KEY differs from the checkpoint, on purpose (repeatable; one of "
                         "data.fingerprint, data.tokenizer, data.shuffle_seed, data.val_windows, data.permutation, "
@@ -164,6 +167,8 @@ def cmd_prepare(args) -> int:
 def cmd_train(args) -> int:
     if args.micro_batch is not None:  # shorthand for --set train.micro_batch=N|auto, validated with the config
         args.overrides = [*args.overrides, f"train.micro_batch={args.micro_batch}"]
+    if args.verify is not None:
+        args.overrides = [*args.overrides, f"store.verify={args.verify}"]
     cfg = _load(args)
     if args.stop_after_steps is not None and args.stop_after_steps <= 0:
         raise BatonError(f"--stop-after-steps must be a positive step number, got {args.stop_after_steps}")

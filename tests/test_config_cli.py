@@ -109,3 +109,13 @@ def test_tiny_config_is_valid_and_counts_as_a_few_million():
 
     cfg = load_config("configs/tiny.toml")
     assert 1_000_000 < param_count(cfg.model) < 10_000_000
+
+
+def test_verify_full_flag_reaches_the_run(make_config, baton_cli, tmp_path):
+    import json
+
+    baton_cli("train", "-c", str(make_config()), "--verify", "full", "--stop-after-steps", "2", "--no-progress",
+              check=True)
+    summary = json.loads((tmp_path / "runs" / "test" / "run_summary.json").read_text())
+    assert summary["config"]["store"]["verify"] == "full"
+    assert summary["checkpoints"][-1]["verified"]
