@@ -121,3 +121,45 @@ def machine() -> str:
         pass
     return (f"{time.strftime('%Y-%m-%d')}, {cpu}, {os.cpu_count()} CPUs, torch {torch.__version__} "
             f"({torch.get_num_threads()} threads), Python {platform.python_version()}")
+
+
+def synthetic_corpus(out: Path, template: Path, n_tokens: int, sparse: bool = False, vocab: int = 4096,
+                     seed: int = 0) -> Path:
+    """A data folder of ``n_tokens`` synthetic tokens in one shard, with the tokenizer and manifest layout of
+    the prepared folder ``template``; throughput does not depend on what the tokens say.
+
+    ``sparse``: the shard is a hole in the file system (zeros that take no disk space), for corpora too large
+    to write; its manifest sha256 is then a placeholder, since nothing on the training path rehashes shards.
+    Otherwise the tokens are uniform random below ``vocab`` and hashed for real.
+    """
+    import hashlib
+    import json
+    import shutil
+
+    import numpy as np
+
+    from baton.data.manifest import corpus_fingerprint
+    from baton.data.shards import HEADER, HEADER_SIZE, MAGIC, VERSION, write_shard
+
+    shard = out / "shard-00000.bin"
+    manifest = out / "manifest.json"
+    if manifest.is_file() and json.loads(manifest.read_text())["total_tokens"] == n_tokens:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    if sparse:
+        with open(shard, "wb") as f:
+            f.write(HEADER.pack(MAGIC, VERSION, 2, n_tokens, 0))
+            f.truncate(HEADER_SIZE + 2 * n_tokens)  # a hole: no blocks are written
+        sha = hashlib.sha256(f"sparse zeros {n_tokens}".encode()).hexdigest()
+    else:
+        tokens = np.random.default_rng(seed).integers(0, vocab, size=n_tokens, dtype=np.uint16)
+        sha = write_shard(shard, tokens)
+    m = json.loads((template / "manifest.json").read_text())
+    m["shards"] = [{**m["shards"][0], "file": shard.name, "sha256": sha, "tokens": n_tokens}]
+    m["n_shards"], m["total_tokens"] = 1, n_tokens
+    m["fingerprint"] = corpus_fingerprint(m["shards"], m["tokenizer"].get("sha256", ""), m["dtype"])
+    for f in template.iterdir():
+        if f.is_file() and f.name != "manifest.json" and not f.name.endswith(".bin"):
+            shutil.copyfile(f, out / f.name)
+    manifest.write_text(json.dumps(m, indent=1))
+    return out

@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from _perf_common import ROOT, default_work_dir, machine, median, prepare_data, write_config
+from _perf_common import ROOT, default_work_dir, machine, median, prepare_data, synthetic_corpus, write_config
 
 SEQ = 32
 GB = 8  # samples per step (micro-batch 4, accumulation 2)
@@ -43,32 +43,6 @@ FAR = 1_000_000_000  # the far position, in samples
 
 
 # ----------------------------------------------------------------------------------------- baton side
-
-
-def sparse_corpus(work: Path, small: Path) -> Path:
-    """A data folder whose one shard holds N_WINDOWS windows of zeros, without writing them."""
-    from baton.data.manifest import corpus_fingerprint
-    from baton.data.shards import HEADER, HEADER_SIZE, MAGIC, VERSION
-
-    out = work / "bigdata"
-    tokens = N_WINDOWS * SEQ + 1
-    shard = out / "shard-00000.bin"
-    if shard.is_file() and shard.stat().st_size == HEADER_SIZE + 2 * tokens:
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    with open(shard, "wb") as f:
-        f.write(HEADER.pack(MAGIC, VERSION, 2, tokens, 0))
-        f.truncate(HEADER_SIZE + 2 * tokens)  # a hole: no blocks are written
-    m = json.loads((small / "manifest.json").read_text())
-    sha = "0" * 64  # not the file's hash: nothing on the training path rehashes shards, and this one is 96 GB
-    m["shards"] = [{**m["shards"][0], "file": shard.name, "sha256": sha, "tokens": tokens}]
-    m["n_shards"], m["total_tokens"] = 1, tokens
-    m["fingerprint"] = corpus_fingerprint(m["shards"], m["tokenizer"].get("sha256", ""), m["dtype"])
-    for name in os.listdir(small):
-        if name not in ("manifest.json",) and not name.endswith(".bin") and (small / name).is_file():
-            shutil.copyfile(small / name, out / name)
-    (out / "manifest.json").write_text(json.dumps(m, indent=1))
-    return out
 
 
 def make_checkpoint(cfg_path: Path, run: str, step: int) -> None:
@@ -212,7 +186,7 @@ def main() -> None:
     work = Path(args.work) if args.work else default_work_dir() / "resume"
     small_cfg = write_config(work, "small", shape="test", data_dir=work / "data", global_batch=GB)
     prepare_data(small_cfg)
-    big = sparse_corpus(work, work / "data")
+    big = synthetic_corpus(work / "bigdata", work / "data", N_WINDOWS * SEQ + 1, sparse=True)
     cfg_path = write_config(work, "resume", shape="test", data_dir=big, steps=200_000_000, global_batch=GB)
     positions = {"0": 0, "1e9": FAR // GB}
     for name, step in positions.items():
