@@ -50,7 +50,7 @@ val_windows = 16
 
 [[data.sources]]
 kind = "stdlib"
-max_bytes = 3000000
+max_bytes = {max_bytes}
 
 [optim]
 lr = 2e-3
@@ -77,13 +77,13 @@ def default_work_dir() -> Path:
 
 
 def write_config(work: Path, run: str, shape: str = "tiny", steps: int = 100_000, threads: int = 0,
-                 data_dir: Path | None = None, **over) -> Path:
+                 data_dir: Path | None = None, max_bytes: int = 3_000_000, **over) -> Path:
     params = {**SHAPES[shape], **over}
     params["max_seq_len"] = max(params["seq_len"], 256)
     path = work / f"{run}.toml"
     work.mkdir(parents=True, exist_ok=True)
     path.write_text(TOML.format(run=run, work=work, data_dir=data_dir or work / "data", steps=steps,
-                                threads=threads, **params), encoding="utf-8")
+                                threads=threads, max_bytes=max_bytes, **params), encoding="utf-8")
     return path
 
 

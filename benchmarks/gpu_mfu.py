@@ -118,7 +118,7 @@ def main() -> None:
     t_start = time.perf_counter()
     work = Path(args.work) if args.work else default_work_dir() / "gpu-mfu"
     shape = SMOKE if args.smoke else REF
-    template = write_config(work, "template", shape="test", data_dir=work / "template-data")
+    template = write_config(work, "template", shape="test", data_dir=work / "template-data", max_bytes=300_000)
     prepare_data(template)  # a real tokenizer and manifest layout; the tokens below are synthetic
     steps_needed = (args.warmup + args.steps) * shape["global_batch"]
     data = synthetic_corpus(work / "data", work / "template-data",
