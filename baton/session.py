@@ -238,17 +238,21 @@ class Session:
 
     def micro_batches(self, step: int):
         """This rank's micro-batches of global batch ``step``; notes a digest of each sample it reads."""
-        mb, per_rank = self.cfg.train.micro_batch, self.cfg.train.global_batch // self.world
-        self._batch_rows.zero_()
+        gb, mb = self.cfg.train.global_batch, self.cfg.train.micro_batch
+        per_rank = gb // self.world
+        # The rank's whole share at once: one read, one pass of digests, one pinned asynchronous copy to the
+        # GPU; the micro-batches are slices of it. (Host work between the model's kernels is what a step
+        # pays for beyond a bare loop, so it is done once per step, not once per micro-batch.)
+        (t,) = self.data.rank_micro_rows(step, gb, per_rank, self.dist.rank, self.world)
+        digests = self._batch_rows.numpy()  # a view of the tensor reduce_step reads
+        digests[:] = 0.0
         pos = self.dist.rank * per_rank  # where this rank's share starts in the global batch
-        digests = self._batch_rows.numpy()  # a view: numpy rows and stores cost less than torch's per row
-        for t in self.data.rank_micro_rows(step, self.cfg.train.global_batch, mb, self.dist.rank, self.world):
-            for row in t.numpy()[:, :-1]:
-                digests[pos] = _row_digest(row)
-                pos += 1
-            if self.device.type == "cuda":  # one pinned, asynchronous copy per micro-batch; sliced on the GPU
-                t = t.pin_memory().to(self.device, non_blocking=True)
-            yield t[:, :-1], t[:, 1:]
+        for i, row in enumerate(t.numpy()[:, :-1]):
+            digests[pos + i] = _row_digest(row)
+        if self.device.type == "cuda":
+            t = t.pin_memory().to(self.device, non_blocking=True)
+        for j in range(0, per_rank, mb):
+            yield t[j : j + mb, :-1], t[j : j + mb, 1:]
 
     def reduce_step(self, loss: float) -> tuple[float, str]:
         """Mean loss over ranks and the digest of the whole global batch, in one collective.
@@ -256,6 +260,8 @@ class Session:
         The digest is a hash of every sample in global-batch order, whatever the number of ranks, so two
         runs that read the same samples in the same steps show the same ``batch_sha`` in metrics.jsonl.
         """
+        if self.world == 1:  # nothing to reduce; the same bytes as below, without building tensors
+            return loss, hashlib.sha256(self._batch_rows.numpy().astype("int64").tobytes()).hexdigest()[:16]
         v = dist.sum_vector(torch.cat([torch.tensor([loss], dtype=torch.float64), self._batch_rows]), self.device)
         rows = v[1:].to(torch.int64).numpy().tobytes()
         return float(v[0]) / self.world, hashlib.sha256(rows).hexdigest()[:16]
