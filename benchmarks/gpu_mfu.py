@@ -130,9 +130,9 @@ def main() -> None:
 
     variants = args.variants.split(",")
     if "flash2" in variants:
-        try:
-            import flash_attn  # noqa: F401
-        except ImportError:
+        import importlib.util
+
+        if importlib.util.find_spec("flash_attn") is None:
             print("flash2: skipped, the flash-attn package is not installed")
             variants.remove("flash2")
     if args.smoke:
