@@ -113,7 +113,8 @@ def probe_micro_batch(cfg: Config, device: torch.device, per_rank: int) -> tuple
             micro_batch_candidates(per_rank),
             lambda mb: _try_micro_batch(model, loss_fn, mb, cfg.data.seq_len, device, total))
     finally:
-        model = reserve = None  # the probe's memory goes back before the session builds its model
+        del reserve
+        model = None  # the probe's memory goes back before the session builds its model
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
