@@ -41,9 +41,10 @@ def resolve(cfg: Config, device: torch.device, world: int) -> dict[str, Any]:
         log.warning("precision bf16 on %s: this GPU has no bf16 tensor cores, so bf16 is emulated and slow "
                     "(use precision fp16, or auto)", torch.cuda.get_device_name(device))
     if t.compile == "auto":
-        # On by default where it pays: on CUDA (measured in benchmarks/gpu_mfu.py); on CPU the compile time
-        # of minutes buys little for the small models trained there.
-        t.compile = device.type == "cuda"
+        # On by default where it pays: on CUDA (measured in benchmarks/gpu_mfu.py) from compute capability
+        # 7.0, the oldest Triton generates kernels for (a P100 cannot compile); on CPU the minutes of code
+        # generation buy little for the small models trained there.
+        t.compile = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (7, 0)
         notes["compile"] = f"auto -> {t.compile}"
     if t.micro_batch == "auto":
         per_rank = t.global_batch // world
