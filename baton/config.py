@@ -60,7 +60,7 @@ class DataConfig:
     """Prepared token shards and how the reader cuts and orders them."""
 
     dir: str = "data/tiny"  # where `baton prepare` writes shards and `baton train` reads them
-    sources: list[SourceConfig] = field(default_factory=lambda: [SourceConfig(kind="stdlib")])
+    sources: list[SourceConfig] = field(default_factory=lambda: [SourceConfig(kind="stdlib")])  # [[data.sources]] tables (fields: data.sources[].*)
     tokenizer: str = ""  # tokenizer.json or a local HF tokenizer folder; "" trains a byte-level BPE
     tokenizer_vocab: int = 4096  # vocabulary size when baton trains the tokenizer
     shard_tokens: int = 16_777_216  # tokens per shard file
@@ -77,9 +77,9 @@ class OptimConfig:
     """AdamW and the warmup -> plateau -> linear-decay schedule."""
 
     lr: float = 3e-4  # peak learning rate
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
+    beta1: float = 0.9  # AdamW first-moment decay
+    beta2: float = 0.95  # AdamW second-moment decay
+    eps: float = 1e-8  # AdamW denominator epsilon
     weight_decay: float = 0.1  # applied to matrices only, not to norms
     grad_clip: float = 1.0  # max global gradient norm (0 = off)
     warmup_steps: int = 100  # linear warmup length in optimizer steps
@@ -479,7 +479,7 @@ def reference_table() -> list[tuple[str, str, str, str]]:
     import inspect
 
     rows: list[tuple[str, str, str, str]] = []
-    for section, cls in _hints(Config).items():
+    for section, cls in [*_hints(Config).items(), ("data.sources[]", SourceConfig)]:
         src = inspect.getsource(cls).splitlines()
         comments = {}
         for line in src:

@@ -119,3 +119,14 @@ def test_verify_full_flag_reaches_the_run(make_config, baton_cli, tmp_path):
     summary = json.loads((tmp_path / "runs" / "test" / "run_summary.json").read_text())
     assert summary["config"]["store"]["verify"] == "full"
     assert summary["checkpoints"][-1]["verified"]
+
+
+def test_readme_reference_lists_every_config_key():
+    from pathlib import Path
+
+    from baton.config import reference_table
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for key, _, _, meaning in reference_table():
+        assert f"| `{key}` |" in readme, f"README's configuration reference lacks {key}"
+        assert meaning, f"{key} has no meaning comment in baton/config.py"
