@@ -12,7 +12,6 @@ import json
 import logging
 import math
 import resource
-import shutil
 import signal
 import time
 from contextlib import nullcontext
@@ -24,17 +23,18 @@ import torch
 
 from . import dist, perf
 from .checkpoint import state as ckstate
-from .checkpoint.cycle import POINTER, PushResult, make_pointer, push_checkpoint, push_folder, write_pointer
+from .checkpoint.cycle import PushResult, make_pointer, push_checkpoint, push_folder, write_pointer
 from .checkpoint.pusher import PushFailed, Pusher
-from .checkpoint.resume import pull_checkpoint, read_pointer
+from .checkpoint.resume import read_pointer
 from .config import Config
 from .data.prepare import TOKENIZER_FILE
 from .data.reader import Cursor, WindowDataset
-from .drift import check_resume, state_data, tokenizer_sha256
-from .errors import BatonError, ConfigError, ResumeError, StoreError
+from .drift import state_data, tokenizer_sha256
+from .errors import BatonError, ConfigError, StoreError
 from .flops import session_flops
 from .model import build_model, count_parameters, param_count
 from .parallel import Parallel
+from .resuming import resume_session
 from .store import RetryPolicy, Store, open_store
 from .versions import versions
 
@@ -139,92 +139,7 @@ class Session:
 
     # ------------------------------------------------------------------------------------- resume
     def _resume(self) -> None:
-        cfg = self.cfg
-        if self.resume_mode == "never":
-            pointer = read_pointer(self.store, self.run) if self.dist.is_main else None
-            if dist.broadcast(pointer is not None):
-                raise BatonError(
-                    f"{self.store.describe()} already holds run {self.run!r} at step {pointer['step'] if pointer else '?'}; "
-                    "use --resume auto to continue it, or set a new run.name"
-                )
-            log.info("--resume never: starting run %r at step 0", self.run)
-            self._fresh_metrics()
-            return
-        if self.resume_mode == "auto":
-            # Only rank 0 reads the store; the answer (or the error) is shared so every rank agrees.
-            pointer, err = None, None
-            if self.dist.is_main:
-                try:
-                    pointer = read_pointer(self.store, self.run)
-                except BatonError as e:
-                    err = str(e)
-            pointer, err = dist.broadcast((pointer, err))
-            if err:
-                raise ResumeError(err)
-            if pointer is None:
-                log.info("no checkpoint pointer %s/%s in %s: starting run %r at step 0",
-                         self.run, POINTER, self.store.describe(), self.run)
-                self._fresh_metrics()
-                return
-            if pointer.get("complete") and pointer["step"] >= self.total_steps:
-                self.complete_pointer = pointer
-                return
-            log.info("auto-resume: %s says step %d at %s/%s", self.store.describe(), pointer["step"], self.run,
-                     pointer["path"])
-            # One download per node; a folder per node, since nodes may share a file system (NFS home).
-            folder = self.run_dir / "resume" / f"step-{pointer['step']}{dist.node_suffix()}"
-            err = None
-            if self.dist.local_rank == 0:
-                try:
-                    _tidy_local(self.run_dir, pointer["step"])
-                    pull_checkpoint(self.store, self.run, pointer, folder)
-                except BatonError as e:
-                    err = str(e)
-            errs = [e for e in dist.gather(err) if e]
-            if errs:
-                raise ResumeError(errs[0])
-        else:
-            folder = Path(self.resume_mode)
-            if not folder.is_dir():
-                raise BatonError(f"--resume {folder}: no such checkpoint folder (use auto, never or a folder)")
-        st = ckstate.read_state(folder)
-        self._check_drift(st)
-        ckstate.load_checkpoint(folder, self.model, self.optimizer)
-        cursor = Cursor.from_dict(st["cursor"])
-        if not self._allowed_changes:
-            self.data.check_cursor(cursor)
-        if cursor.samples_consumed != st["step"] * cfg.train.global_batch:
-            raise ResumeError(f"cursor has {cursor.samples_consumed} samples at step {st['step']}, expected "
-                              f"{st['step'] * cfg.train.global_batch}")
-        self.step = st["step"]
-        self.resumed_from = self.step
-        if st.get("scaler"):
-            self.scaler.load_state_dict(st["scaler"])
-        ranks = st["rng"]["ranks"]
-        if len(ranks) == self.world:
-            ckstate.set_rng_state(ranks[self.dist.rank])
-        else:
-            log.warning("checkpoint was written by %d ranks, this run has %d: accumulation is now %d micro-batches "
-                        "per rank (same %d samples per step); reseeding RNGs deterministically",
-                        len(ranks), self.world, self.accum, cfg.train.global_batch)
-            torch.manual_seed(cfg.train.seed + 1_000_003 * self.step + self.dist.rank)
-        self.stats = Stats(**{k: v for k, v in st.get("stats", {}).items() if k in Stats.__dataclass_fields__})
-        if self.dist.is_main and (folder / ckstate.METRICS_FILE).is_file():
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            # Lines past the checkpoint belong to work that was lost with the previous session.
-            (self.run_dir / "metrics.jsonl").write_bytes((folder / ckstate.METRICS_FILE).read_bytes())
-        log.info("resumed at step %d (samples consumed %d)", self.step, cursor.samples_consumed)
-
-    def _fresh_metrics(self) -> None:
-        # Rows left by a session killed before its first verified checkpoint describe lost work.
-        if self.dist.is_main:
-            (self.run_dir / "metrics.jsonl").unlink(missing_ok=True)
-
-    def _check_drift(self, st: dict[str, Any]) -> None:
-        """Refuse a checkpoint made for another model, geometry or data (every difference in one message)."""
-        self._allowed_changes = check_resume(st, self.cfg.to_dict(), self.total_steps, self.data.fingerprint,
-                                             self.data.permutation_fingerprint, self.tokenizer_sha256,
-                                             self.allow_change)
+        resume_session(self)
 
     # -------------------------------------------------------------------------------- the step
     def autocast(self):
@@ -680,19 +595,6 @@ def adamw(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.op
 def _row_digest(row) -> float:
     # 31 bits: a sum of one such value per position is exact in the float64 all-reduce.
     return float(int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=4).digest(), "little") >> 1)
-
-
-def _tidy_local(run_dir: Path, step: int) -> None:
-    """Remove what killed sessions left in ``run_dir``: earlier pulls, and local checkpoints up to the pointer's
-    step (the store holds a verified checkpoint at least as new). Each is a full checkpoint of disk; left
-    alone they pile up session after session until a save finds the disk full."""
-    for sub, newest in (("resume", step - 1), ("ckpt", step)):
-        folder = run_dir / sub
-        for d in sorted(folder.glob("step-*")) if folder.is_dir() else []:
-            n = d.name[len("step-"):].split("-")[0].split(".")[0]
-            if d.is_dir() and n.isdigit() and int(n) <= newest:
-                shutil.rmtree(d, ignore_errors=True)
-                log.info("removed %s, left by an earlier session (the store holds step %d)", d, step)
 
 
 def _rss_peak() -> int:
