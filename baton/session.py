@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import resource
 import signal
 import time
@@ -23,11 +22,9 @@ import torch
 
 from . import dist, perf
 from .checkpoint import state as ckstate
-from .checkpoint.cycle import PushResult, make_pointer, push_checkpoint, push_folder, write_pointer
+from .checkpoint.cycle import PushResult, push_checkpoint
 from .checkpoint.pusher import PushFailed, Pusher
-from .checkpoint.resume import read_pointer
 from .config import Config
-from .data.prepare import TOKENIZER_FILE
 from .data.reader import Cursor, WindowDataset
 from .drift import state_data, tokenizer_sha256
 from .errors import BatonError, ConfigError, StoreError
@@ -278,7 +275,7 @@ class Session:
         if self.device.type == "cuda":
             self.peak_train = max(self.peak_train, torch.cuda.max_memory_allocated(self.device))
         else:
-            self.peak_train = _rss_peak()
+            self.peak_train = rss_peak()
         if not self.dist.is_main:
             return
         row = {"step": step, **m, "samples_consumed": step * self.cfg.train.global_batch}
@@ -429,119 +426,6 @@ class Session:
         self._save_seconds = time.time() - t0
         return folder, cursor
 
-    # ------------------------------------------------------------------------------ evaluation
-    @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-        model = getattr(self.model, "module", self.model)
-        model.eval()
-        all_ids = self.data.val_window_ids()
-        ids = all_ids[self.dist.rank :: self.world]
-        loss_sum, count = 0.0, 0
-        mb = self.cfg.train.micro_batch
-        # Sharded forwards are collectives: every rank runs as many as the busiest rank, the extra ones on
-        # a window whose loss is not counted.
-        n_fwd = -(-len(all_ids[:: self.world]) // mb) if self.parallel.sharded else -(-len(ids) // mb)
-        for b in range(n_fwd):
-            chunk = ids[b * mb : (b + 1) * mb]
-            x, y = self.data.windows(chunk if len(chunk) else all_ids[:1])
-            x, y = x.to(self.device), y.to(self.device)
-            with self.autocast():
-                logits = model(input_ids=x).logits
-            losses = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), y, reduction="none").mean(1)
-            if len(chunk):
-                loss_sum += float(losses.double().sum())
-                count += len(chunk)
-        model.train()
-        loss_sum = dist.total(loss_sum, self.device)
-        count = int(dist.total(count, self.device))
-        self.peak_eval = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else _rss_peak()
-        if count == 0:
-            return {}
-        val_loss = loss_sum / count
-        return {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700)), "val_windows": count}
-
-    # -------------------------------------------------------------------------------- finishing
-    def finish(self) -> None:
-        """At the horizon: final evaluation, export, push the export, and mark the run complete."""
-        self.val = self.evaluate()
-        log.info("validation: loss %.4f ppl %.2f over %d windows", self.val.get("val_loss", float("nan")),
-                 self.val.get("val_ppl", float("nan")), self.val.get("val_windows", 0))
-        plain = self._plain()
-        err = None
-        if self.dist.is_main:
-            try:
-                self._publish_final(plain[0])
-            except (BatonError, OSError) as e:
-                err = f"{type(e).__name__}: {e}"
-        err = dist.broadcast(err)
-        if err:
-            raise StoreError(f"the final model could not be published to {self.store.describe()}: {err}")
-
-    def _publish_final(self, model: torch.nn.Module) -> None:
-        from .export import export_model
-
-        pointer = read_pointer(self.store, self.run)
-        if pointer is None or pointer["step"] != self.step:
-            raise StoreError(f"expected the pointer at step {self.step} before publishing the final model")
-        out = self.run_dir / "final"
-        manifest = self.data.manifest["tokenizer"]
-        export_model(model, Path(self.cfg.data.dir) / TOKENIZER_FILE, out, manifest["eos_token"],
-                     meta={"run": self.run, "step": self.step, **(self.val or {}), "config": self.cfg.to_dict()})
-        files, _ = push_folder(self.store, out, f"{self.run}/final", self.cfg.store.verify)
-        done = make_pointer(self.run, pointer["step"], pointer["path"], pointer["files"], pointer["cursor"],
-                            complete=True, extra={"final": {"path": "final", "files": files}, **(self.val or {})})
-        write_pointer(self.store, self.run, done)
-        log.info("run %s complete: final model verified at %s/final; pointer marks the run complete",
-                 self.run, self.run)
-
-    def summary(self, tokens_per_s: float) -> dict[str, Any]:
-        gb = self.cfg.train.global_batch
-        # Each rank's own high-water marks go to its log; the summary keeps the maximum over ranks.
-        log.info("PEAK rank=%d train_bytes=%d eval_bytes=%d", self.dist.rank, self.peak_train, self.peak_eval)
-        peak_train = int(dist.maximum(self.peak_train, self.device))
-        peak_eval = int(dist.maximum(self.peak_eval, self.device))
-        return {
-            "run": self.run,
-            "params": self.n_params,
-            "steps_done": self.step,
-            "total_steps": self.total_steps,
-            "tokens_consumed": self.step * gb * self.cfg.data.seq_len,
-            "samples_consumed": self.step * gb,
-            "final_train_loss": self.stats.last_loss,
-            "val_loss": (self.val or {}).get("val_loss"),
-            "val_ppl": (self.val or {}).get("val_ppl"),
-            "tokens_per_s": tokens_per_s,
-            **self.flops.summary(tokens_per_s),
-            "precision": self.cfg.train.precision,
-            "compile": self.cfg.train.compile,
-            "micro_batch": self.cfg.train.micro_batch,
-            "accumulation": self.accum,
-            "auto_settings": self.perf_notes,
-            "peak_memory_bytes": max(peak_train, peak_eval),
-            "peak_memory_train_bytes": peak_train,
-            "peak_memory_eval_bytes": peak_eval,
-            "nonfinite_skips": self.stats.nonfinite_skips,
-            "checkpoints": self.session_checkpoints,
-            "resumed_from_step": self.resumed_from,
-            "stopped_by": self.stopped_by,
-            "deadline": self.deadline,
-            "world_size": self.world,
-            "device": str(self.device),
-            "store": self.store.describe(),
-            "seconds": round(time.time() - self.t_start, 3),
-            "config": self.cfg.to_dict(),
-            "versions": versions(),
-        }
-
-    def write_summary(self, summary: dict[str, Any]) -> None:
-        if self.dist.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.run_dir / "run_summary.json.tmp"
-            tmp.write_text(json.dumps(summary, indent=1), encoding="utf-8")
-            tmp.replace(self.run_dir / "run_summary.json")
-
     def close(self, outcome: str = "ended") -> None:
         if self.dist.is_main and getattr(self, "pusher", None) is not None:
             # The process never exits with a push in flight; a failure here was already raised or is logged.
@@ -597,7 +481,7 @@ def _row_digest(row) -> float:
     return float(int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=4).digest(), "little") >> 1)
 
 
-def _rss_peak() -> int:
+def rss_peak() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 

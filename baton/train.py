@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from . import dist, faults
+from . import dist, faults, finishing
 from .config import Config
 from .errors import BatonError
 from .parallel import norm_value
@@ -83,10 +83,10 @@ def train(s: Session) -> dict[str, Any]:
     if step > start and s.last_checkpoint_step != step:  # a session that trained ends with a verified checkpoint
         s.checkpoint(step)
     if step == s.total_steps:
-        s.finish()
+        finishing.finish(s)
     tokens = (step - start) * s.cfg.train.global_batch * s.cfg.data.seq_len
-    summary = s.summary(tokens / elapsed if elapsed > 0 and tokens else 0.0)
-    s.write_summary(summary)
+    summary = finishing.summary(s, tokens / elapsed if elapsed > 0 and tokens else 0.0)
+    finishing.write_summary(s, summary)
     log.info("TRAIN DONE step=%d/%d tokens_consumed=%s", step, s.total_steps, f"{summary['tokens_consumed']:,}")
     return summary
 
