@@ -73,11 +73,7 @@ def _resume(ctx: Context) -> StageResult:
     r = StageResult("resume")
     n = ctx.leg_steps
     horizon = 3 * n
-    run = ctx.run_name("resume")
-    run_dir = ctx.work / "runs" / run
-    store = open_store(ctx.store_url)
-    delete_prefix(store, f"{run}/")
-    shutil.rmtree(run_dir, ignore_errors=True)
+    run, run_dir, store = _scratch(ctx, "resume")
     legs, cursors, resumes = [], [], []
     for k in (1, 2, 3):
         if k > 1:
@@ -128,11 +124,7 @@ def _stop_probe(ctx: Context) -> StageResult:
     r = StageResult("stop_probe")
     half = ctx.leg_steps
     horizon = 2 * half
-    run = ctx.run_name("stop")
-    run_dir = ctx.work / "runs" / run
-    store = open_store(ctx.store_url)
-    delete_prefix(store, f"{run}/")
-    shutil.rmtree(run_dir, ignore_errors=True)
+    run, run_dir, store = _scratch(ctx, "stop")
     gb = ctx.scaled.train.global_batch
 
     p1 = ctx.train_leg("stop", horizon, half)
@@ -170,6 +162,16 @@ def _stop_probe(ctx: Context) -> StageResult:
     r.numbers["verdict"] = "VERDICT PASS" if not failed else f"VERDICT FAIL {failed}"
     r.numbers.update(val_loss=s2.get("val_loss"), stop_step=half, horizon=horizon)
     return r
+
+
+def _scratch(ctx: Context, stage: str):
+    """A scratch run for ``stage``: its name, an empty local folder and an empty prefix in the store."""
+    run = ctx.run_name(stage)
+    run_dir = ctx.work / "runs" / run
+    store = open_store(ctx.store_url)
+    delete_prefix(store, f"{run}/")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return run, run_dir, store
 
 
 def _loads(folder: Path) -> bool:
