@@ -11,9 +11,9 @@ torch's default CPU threads.
 - Trainer: ``transformers.Trainer`` with a map-style dataset over the same windows (its default sampler,
   collator and DataLoader), everything else at its defaults.
 
-The two loops run in one process and take turns step by step (baton, Trainer, baton, ...): the Trainer
-runs in a second thread that waits in its ``on_step_end`` callback until baton has finished a step, and
-baton waits in ``record`` until the Trainer has finished one. Only one side runs at a time, so both see the
+The two loops run in one process, each in a thread of its own, and take turns step by step (baton,
+Trainer, baton, ...): the Trainer waits in its ``on_step_end`` callback until baton has finished a step,
+and baton waits in ``record`` until the Trainer has finished one. Only one side runs at a time, so both see the
 same machine load, however it drifts. A step's time covers the whole loop iteration on each side (baton:
 ``record`` to ``record``; Trainer: released to ``on_step_end``). tokens/s = 4,096 tokens per step / the
 median step time after the warm-up steps.
@@ -97,7 +97,7 @@ def main() -> None:
     hf_times: list[float] = []
     baton_times: list[float] = []
     released = [0.0]
-    finished = threading.Event()
+    finished, hf_exited = threading.Event(), threading.Event()
 
     class Handoff(TrainerCallback):
         def on_train_begin(self, a, state, control, **kw):
@@ -119,8 +119,9 @@ def main() -> None:
     def record(step, m):
         orig(step, m)
         baton_times.append(time.perf_counter() - mark[0])
-        hf_go.release()  # the Trainer's turn: one step
-        hf_done.acquire()
+        if not hf_exited.is_set():
+            hf_go.release()  # the Trainer's turn: one step
+            hf_done.acquire()
         mark[0] = time.perf_counter()
 
     s.record = record
@@ -131,20 +132,33 @@ def main() -> None:
             trainer.train()
         except BaseException as e:  # noqa: BLE001 - reported below, after the join
             errors.append(e)
+        finally:  # never leave baton waiting for a step that will not come
+            hf_exited.set()
             hf_done.release()
 
-    thread = threading.Thread(target=run_hf, name="hf-trainer")
-    thread.start()
+    def run_baton():
+        try:
+            mark[0] = time.perf_counter()
+            train(s)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+        finally:
+            finished.set()
+            hf_go.release()
+
+    # Both loops in threads of their own, so neither gets the main thread's memory arena or thread pool.
+    threads = [threading.Thread(target=run_hf, name="hf-trainer"), threading.Thread(target=run_baton, name="baton")]
+    for t in threads:
+        t.start()
     try:
-        mark[0] = time.perf_counter()
-        train(s)
+        for t in threads:
+            t.join()
     finally:
-        finished.set()
-        hf_go.release()
-        thread.join()
         s.close()
     if errors:
         raise errors[0]
+    if len(hf_times) < args.steps:
+        raise SystemExit(f"the Trainer stopped after {len(hf_times)} of {args.steps} steps")
 
     b_dt, h_dt = baton_times[args.warmup:], hf_times[args.warmup:]
     b, h = tokens / median(b_dt), tokens / median(h_dt)
