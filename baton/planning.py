@@ -147,6 +147,9 @@ def run_bench(args, cfg: Config) -> int:
     if bad:
         raise BatonError(f"--attn {','.join(bad)}: not one of {', '.join(ATTN_IMPLS)}")
     seqs = _list(args.seq, int, "--seq") if args.seq else [cfg.data.seq_len]
+    if not args.micro and not isinstance(cfg.train.micro_batch, int):
+        raise BatonError("train.micro_batch is auto, which `baton train` resolves by probing GPU memory; give the "
+                         "micro-batches to measure with --micro (e.g. --micro 4,8,16)")
     micros = _list(args.micro, int, "--micro") if args.micro else [cfg.train.micro_batch]
     if args.ranks < 1 or args.warmup < 0 or args.steps < 1 or min(seqs) < 1 or min(micros) < 1:
         raise BatonError("--ranks, --steps, --seq and --micro must be >= 1 and --warmup >= 0")

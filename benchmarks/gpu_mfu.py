@@ -159,7 +159,7 @@ def main() -> None:
               f"first step {r['first_step_seconds']:.1f} s", flush=True)
 
     ok = {r["variant"]: r for r in results if "error" not in r}
-    print(f"\n# GPU MFU, reference shape at seq {shape['seq_len']}: {machine()}")
+    print(f"\n# GPU MFU, {'smoke' if args.smoke else 'reference'} shape at seq {shape['seq_len']}: {machine()}")
     if ok:
         print(f"device {next(iter(ok.values()))['device']}, peak {next(iter(ok.values()))['peak_tflops']} TFLOP/s\n")
         print("| variant | precision | attn | compile | act. ckpt | micro x accum | tok/s | MFU | peak memory |")
