@@ -305,6 +305,7 @@ def cmd_config(args) -> int:
     if args.reference:
         print("| key | type | default | meaning |\n|---|---|---|---|")
         for key, tp, default, meaning in reference_table():
+            tp, meaning = tp.replace("|", "\\|"), meaning.replace("|", "\\|")  # a pipe would split the cell
             print(f"| `{key}` | {tp} | `{default}` | {meaning} |")
         return 0
     cfg = _load(args)  # without --config: the defaults, with the --set overrides applied and checked
