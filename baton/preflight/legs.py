@@ -60,16 +60,26 @@ def stage_throughput(ctx: Context) -> StageResult:
     return r
 
 
+def _scratch_cleaned(stage: str):
+    """Whatever the stage's outcome, its scratch run leaves nothing in the store."""
+
+    def wrap(fn):
+        def run(ctx: Context) -> StageResult:
+            try:
+                return fn(ctx)
+            finally:
+                delete_prefix(open_store(ctx.store_url), f"{ctx.run_name(stage)}/")
+
+        run.__name__ = fn.__name__
+        return run
+
+    return wrap
+
+
 @timed
+@_scratch_cleaned("resume")
 def stage_resume(ctx: Context) -> StageResult:
     """Three legs; the local run folder is deleted before each resume, so only the store can help."""
-    try:
-        return _resume(ctx)
-    finally:
-        delete_prefix(open_store(ctx.store_url), f"{ctx.run_name('resume')}/")
-
-
-def _resume(ctx: Context) -> StageResult:
     r = StageResult("resume")
     n = ctx.leg_steps
     horizon = 3 * n
@@ -112,15 +122,9 @@ def _resume(ctx: Context) -> StageResult:
 
 
 @timed
+@_scratch_cleaned("stop")
 def stage_stop_probe(ctx: Context) -> StageResult:
     """Stop at half the horizon, wipe, resume from the store alone to the horizon, evaluate, export."""
-    try:
-        return _stop_probe(ctx)
-    finally:
-        delete_prefix(open_store(ctx.store_url), f"{ctx.run_name('stop')}/")
-
-
-def _stop_probe(ctx: Context) -> StageResult:
     r = StageResult("stop_probe")
     half = ctx.leg_steps
     horizon = 2 * half
