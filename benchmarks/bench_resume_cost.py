@@ -18,7 +18,7 @@ hours to measure).
 Both sides alternate trial by trial (baton 0, baton 10^9, baton 0, ...; then the Trainer positions
 likewise) and report medians.
 
-Requirements: baton's own plus ``accelerate`` (the Trainer needs it): ``pip install accelerate``.
+Requirements: baton's own plus ``accelerate`` (the Trainer needs it): ``pip install -e ".[bench]"``.
 Run: ``python benchmarks/bench_resume_cost.py [--rounds 7] [--no-hf]``.
 """
 

@@ -18,7 +18,7 @@ same machine load, however it drifts. A step's time covers the whole loop iterat
 ``record`` to ``record``; Trainer: released to ``on_step_end``). tokens/s = 4,096 tokens per step / the
 median step time after the warm-up steps.
 
-Requirements: baton's own plus ``accelerate`` (the Trainer needs it): ``pip install accelerate``.
+Requirements: baton's own plus ``accelerate`` (the Trainer needs it): ``pip install -e ".[bench]"``.
 Run: ``python benchmarks/bench_vs_hf_trainer.py [--steps 80]``.
 """
 
