@@ -23,3 +23,7 @@ class VerificationError(StoreError):
 
 class ResumeError(BatonError):
     """A checkpoint exists but cannot be resumed from; never a reason to start at step 0."""
+
+
+class LocalDiskError(BatonError):
+    """This machine's disk refused a write (full, read-only, no permission): the store is not at fault."""

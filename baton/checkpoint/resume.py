@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..errors import ResumeError, StoreError
+from ..errors import LocalDiskError, ResumeError, StoreError
 from ..hashing import sha256_file
 from ..store import Store
 from .cycle import POINTER
@@ -74,10 +74,19 @@ def pull_checkpoint(store: Store, run: str, pointer: dict[str, Any], dest: Path)
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
+    # Said before the first byte moves: a full disk found half-way through a large download wastes the
+    # transfer, and its error (from whichever file overflows) says less.
+    need, free = sum(int(i["size"]) for i in pointer["files"].values()), shutil.disk_usage(dest).free
+    if need > free:
+        raise ResumeError(f"checkpoint {pointer['path']} needs {need / 2**20:,.1f} MiB but the disk of {dest.parent} "
+                          f"has {free / 2**20:,.1f} MiB free (free space there or set run.local_dir to a larger "
+                          "disk, then rerun); the store is untouched")
     for name, info in pointer["files"].items():
         key = f"{run}/{pointer['path']}/{name}"
         try:
             store.get_file(key, dest / name)
+        except LocalDiskError as e:
+            raise ResumeError(f"could not download {key}: {e}; the store is untouched") from None
         except StoreError as e:
             raise ResumeError(f"the pointer names {key}, but it could not be downloaded: {e} (check the store and "
                               f"rerun; if the file is gone, {_fallback(pointer)})") from None

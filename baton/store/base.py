@@ -7,12 +7,16 @@ range it actually served, so the verifier can catch a short, shifted or whole-ob
 
 from __future__ import annotations
 
+import errno
+import os
+from collections.abc import Iterable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Iterator, Protocol, runtime_checkable
 
 from .. import faults
-from ..errors import StoreError
+from ..errors import LocalDiskError, StoreError
 
 
 @dataclass(frozen=True)
@@ -99,3 +103,37 @@ def delete_keys(store: Store, keys: list[str]) -> None:
 
 def delete_prefix(store: Store, prefix: str) -> None:
     delete_keys(store, sorted(store.list(prefix, checksums=False)))
+
+
+@contextmanager
+def _this_disk(local: Path) -> Iterator[None]:
+    """An OSError in here is about our own disk: it must not be retried or blamed on the store."""
+    try:
+        yield
+    except OSError as e:
+        full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+        what = "no space left" if full else (e.strerror or str(e))
+        fix = "free space there or set run.local_dir to a larger disk" if full else "check that it is writable"
+        raise LocalDiskError(f"{what} on this machine's disk writing {local} ({fix}, then rerun)") from None
+
+
+def write_download(local: Path, chunks: Iterable[bytes]) -> None:
+    """Write a download to ``local`` through a '.partial' sibling, so a cut transfer never leaves a file that
+    looks whole. Errors from ``chunks`` (the network, the store's disk) propagate untouched for the backend's
+    retry loop to classify; errors writing here raise LocalDiskError, which no retry can cure."""
+    tmp = local.with_name(local.name + ".partial")
+    try:
+        with _this_disk(local):
+            local.parent.mkdir(parents=True, exist_ok=True)
+            f = open(tmp, "wb")
+        try:
+            for chunk in chunks:
+                with _this_disk(local):
+                    f.write(chunk)
+        finally:
+            with _this_disk(local):
+                f.close()  # flushes the buffer: a full disk can first show here
+        with _this_disk(local):
+            os.replace(tmp, local)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -27,7 +27,7 @@ from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, Revi
 from huggingface_hub.utils import build_hf_headers, disable_progress_bars, get_session, hf_raise_for_status
 
 from ..errors import ConfigError, StoreError
-from .base import ObjectInfo, RangeRead, safe_key
+from .base import ObjectInfo, RangeRead, safe_key, write_download
 from .retry import RetryPolicy, Transient, call
 
 TIMEOUT = httpx2.Timeout(120.0, connect=15.0)  # the library's own client waits forever by default
@@ -186,26 +186,17 @@ class HubStore:
         return self._call(read, f"ranged read of {key}")
 
     def get_file(self, key: str, local: Path) -> None:
-        local.parent.mkdir(parents=True, exist_ok=True)
-        tmp = local.with_name(local.name + ".partial")
-
         def get() -> None:
             r = self._get(key, stream=True)
             try:
                 if r.status_code == 404:
                     raise StoreError(f"{key} not found in {self.describe()}")
                 hf_raise_for_status(r)
-                with open(tmp, "wb") as f:
-                    for chunk in r.iter_bytes(8 << 20):
-                        f.write(chunk)
+                write_download(local, r.iter_bytes(8 << 20))
             finally:
                 r.close()
-            os.replace(tmp, local)
 
-        try:
-            self._call(get, f"download of {key}")
-        finally:
-            tmp.unlink(missing_ok=True)
+        self._call(get, f"download of {key}")
 
     def delete(self, key: str) -> None:
         self.delete_many([key])

@@ -15,7 +15,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +22,7 @@ from pathlib import Path
 
 from ..errors import StoreError
 from ..hashing import sha256_file
-from .base import ObjectInfo, RangeRead, safe_key
+from .base import ObjectInfo, RangeRead, safe_key, write_download
 from .retry import RetryPolicy, Transient, call
 
 # errno values a mount that is flapping or gone produces; everything else is a property of the folder.
@@ -188,8 +187,8 @@ class LocalStore:
             self._check_root()
             if not src.is_file():
                 raise StoreError(f"{key} not found in {self.describe()}")
-            local.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, local)
+            with open(src, "rb") as f:
+                write_download(local, iter(lambda: f.read(CHUNK), b""))
 
         self._call(get, f"download of {key}")
 

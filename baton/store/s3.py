@@ -26,7 +26,7 @@ import botocore.session
 from botocore.config import Config
 
 from ..errors import ConfigError, StoreError
-from .base import ObjectInfo, RangeRead, safe_key
+from .base import ObjectInfo, RangeRead, safe_key, write_download
 from .retry import RetryPolicy, Transient, call
 
 MULTIPART_THRESHOLD = 1 << 30  # single PUTs stop at 5 GiB; parts also make a retry cheaper
@@ -259,9 +259,6 @@ class S3Store:
         return self._call(read, f"ranged read of {key}")
 
     def get_file(self, key: str, local: Path) -> None:
-        local.parent.mkdir(parents=True, exist_ok=True)
-        tmp = local.with_name(local.name + ".partial")
-
         def get() -> None:
             try:
                 r = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
@@ -269,15 +266,9 @@ class S3Store:
                 if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                     raise StoreError(f"{key} not found in {self.describe()}") from None
                 raise
-            with open(tmp, "wb") as f:
-                for chunk in r["Body"].iter_chunks(8 << 20):
-                    f.write(chunk)
-            os.replace(tmp, local)
+            write_download(local, r["Body"].iter_chunks(8 << 20))
 
-        try:
-            self._call(get, f"download of {key}")
-        finally:
-            tmp.unlink(missing_ok=True)
+        self._call(get, f"download of {key}")
 
     def delete(self, key: str) -> None:
         self._call(lambda: self.client.delete_object(Bucket=self.bucket, Key=self._key(key)), f"delete of {key}")

@@ -9,9 +9,12 @@ Where neither is possible the test is skipped and says why.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,21 +28,28 @@ def _pages(n: int) -> int:
     return -(-n // PAGE)
 
 
-def _run_on_small_disk(zygote, argv: list[str], mount_at: Path, size: int, out: Path, env: dict):
-    """Run `baton argv` with a tmpfs of ``size`` bytes at ``mount_at``. Returns (status, stderr, files left there)."""
+def _run_on_small_disk(zygote, argv: list[str], mount_at: Path, size: int, out: Path, env: dict,
+                       python: str | None = None):
+    """Run `baton argv` (or ``python -c <python> argv`` when given) with a tmpfs of ``size`` bytes at
+    ``mount_at``. Returns (status, stderr, files left there)."""
     mount_at.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "baton.cli", *argv] if python is None else [sys.executable, "-c", python, *argv]
     if os.geteuid() == 0:
         m = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_at)], capture_output=True)
         if m.returncode == 0:
             try:
-                r = zygote.run(argv, out, timeout=120)
+                if python is None:
+                    r = zygote.run(argv, out, timeout=120)
+                else:
+                    r = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env}, timeout=120)
                 left = sorted(p.relative_to(mount_at).as_posix() for p in mount_at.rglob("*"))
             finally:
                 subprocess.run(["umount", str(mount_at)], check=True)
             return r.returncode, r.stderr, left
     listing = out / "left.txt"
     with open(listing, "w") as fd:
-        cmd = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "baton.cli", *argv])
+        cmd = " ".join(shlex.quote(a) for a in command)
         where = shlex.quote(str(mount_at))
         script = (f"mount -t tmpfs -o size={size} tmpfs {where} || exit 97; {cmd}; rc=$?; "
                   f"(cd {where} && find . -mindepth 1) >&{fd.fileno()}; exit $rc")
@@ -91,3 +101,72 @@ def test_a_full_local_disk_stops_cleanly_and_keeps_the_baton(where, zygote, fake
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed at step 4" in again.stderr
     assert json.loads((store / "test" / "latest.json").read_text())["step"] == 6
+
+
+def test_a_resume_that_cannot_fit_on_the_local_disk_says_so_before_downloading(zygote, fake_env, make_config,
+                                                                               tmp_path):
+    cfg = make_config()
+    store, runs = tmp_path / "store", tmp_path / "runs"
+    argv = ["train", "-c", str(cfg), "--no-progress"]
+    first = zygote.run(argv + ["--stop-after-steps", "4"], tmp_path / "out")
+    assert first.returncode == 0, first.stderr[-3000:]
+    pointer_before = (store / "test" / "latest.json").read_bytes()
+    shutil.rmtree(runs / "test" / "ckpt")  # a new machine: nothing local, everything comes from the store
+    need = sum(p.stat().st_size for p in (store / "test" / "ckpt" / "step-4").iterdir())
+
+    status, stderr, left = _run_on_small_disk(zygote, argv + ["--stop-after-steps", "6"], runs / "test" / "resume",
+                                              need // 2, tmp_path / "out", fake_env)
+
+    assert status == 2, stderr[-3000:]
+    assert "Traceback" not in stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("baton: error:")]
+    assert len(errors) == 1, stderr[-3000:]
+    assert re.fullmatch(rf"baton: error: checkpoint ckpt/step-4 needs [\d.,]+ MiB but the disk of "
+                        rf"{re.escape(str(runs / 'test' / 'resume'))} has [\d.,]+ MiB free \(free space there or set "
+                        r"run.local_dir to a larger disk, then rerun\); the store is untouched", errors[0]), errors[0]
+    assert "starting fresh" not in stderr.lower()
+    assert (store / "test" / "latest.json").read_bytes() == pointer_before
+
+
+# A download that overflows the disk part-way (the space went to something else after the check).
+GET = """
+import sys
+from pathlib import Path
+from baton.errors import LocalDiskError
+from baton.store import open_store
+store = open_store(sys.argv[1])
+try:
+    store.get_file(sys.argv[2], Path(sys.argv[3]))
+except LocalDiskError as e:
+    print(f"LocalDiskError: {e}", file=sys.stderr)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("backend", ["local", "s3"])
+def test_a_download_that_fills_the_local_disk_blames_this_disk_not_the_store(backend, zygote, fake_env, moto,
+                                                                             s3_bucket, tmp_path):
+    blob = os.urandom(3 * 2**20)
+    if backend == "local":
+        (tmp_path / "store" / "run").mkdir(parents=True)
+        (tmp_path / "store" / "run" / "big.bin").write_bytes(blob)
+        url = str(tmp_path / "store")
+    else:
+        from baton.store import open_store
+
+        url = f"s3://{s3_bucket()}/p?endpoint={moto.url}"
+        (tmp_path / "big.bin").write_bytes(blob)
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in fake_env.items():
+                mp.setenv(k, v)
+            open_store(url).put_file(tmp_path / "big.bin", "run/big.bin", hashlib.sha256(blob).hexdigest())
+    disk = tmp_path / "small"
+    status, stderr, left = _run_on_small_disk(zygote, [url, "run/big.bin", str(disk / "big.bin")], disk, 2**20,
+                                              tmp_path / "out", fake_env, python=GET)
+
+    # Not retried as if the store were down, and not reported as the store's fault: one error naming this
+    # disk, and no half file that could pass for a whole one.
+    assert status == 3, stderr[-3000:]
+    assert stderr.strip() == (f"LocalDiskError: no space left on this machine's disk writing {disk / 'big.bin'} "
+                              "(free space there or set run.local_dir to a larger disk, then rerun)")
+    assert left == []
