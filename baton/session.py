@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from . import dist, perf
+from . import dist, memory, perf
 from .checkpoint import state as ckstate
 from .checkpoint.cycle import PushResult, push_checkpoint
 from .checkpoint.pusher import PushFailed, Pusher
@@ -73,6 +73,7 @@ class Session:
         self.total_steps = cfg.total_steps
         self.stop_step = min(stop_after, self.total_steps) if stop_after is not None else self.total_steps
         self.world = self.dist.world
+        memory.check_fits(param_count(cfg.model), cfg.train.parallel, self.world, self.device)
         # precision, compile and micro_batch "auto" become concrete values in cfg (the saved config says what ran)
         self.perf_notes = perf.resolve(cfg, self.device, self.world)
         if cfg.train.global_batch % (cfg.train.micro_batch * self.world):
