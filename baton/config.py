@@ -116,6 +116,7 @@ class StoreConfig:
     async_push: bool = True  # upload + verify in the background while training goes on (one at a time)
     retries: int = 6  # attempts per store call on transient errors (timeouts, resets, 429, 5xx)
     retry_seconds: float = 300.0  # no retry starts after this long; then the push fails
+    request_timeout: float = 120.0  # seconds an S3/Hub request may wait on a silent server; then it is retried
 
 
 @dataclass
@@ -415,6 +416,7 @@ def _semantic_problems(cfg: Config) -> list[str]:
     positive("store.keep_last", s.keep_last)
     positive("store.retries", s.retries)
     positive("store.retry_seconds", s.retry_seconds)
+    positive("store.request_timeout", s.request_timeout)
     if not s.url:
         p.append("store.url is empty (a local folder, s3://bucket/prefix or hf://owner/repo)")
     elif _url_has_credentials(s.url):

@@ -68,11 +68,11 @@ def export_run(cfg, source: str, out: Path) -> Path:
     from .data.manifest import load_manifest
     from .data.prepare import TOKENIZER_FILE
     from .model import build_model
-    from .store import open_store
+    from .store import RetryPolicy, open_store
 
     with tempfile.TemporaryDirectory(prefix="baton-export-") as tmp:
         if source == "store":
-            store = open_store(cfg.store.url)
+            store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
             pointer = read_pointer(store, cfg.run.name)
             if pointer is None:
                 raise BatonError(f"{store.describe()} holds no checkpoint for run {cfg.run.name!r} (train first)")

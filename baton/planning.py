@@ -199,10 +199,10 @@ def _ledger_view(cfg: Config | None) -> tuple[list[dict[str, Any]], Any]:
     if cfg is None:
         return [], None
     from .ledger import read_ledger
-    from .store import open_store
+    from .store import RetryPolicy, open_store
 
     try:
-        store = open_store(cfg.store.url)
+        store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
         return read_ledger(store, cfg.run.name)[0], store
     except BatonError as e:  # the plan still works from flags and config; say what it could not use
         print(f"baton: warning: the store is not readable ({e}); planning without the ledger and the pointer",

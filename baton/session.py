@@ -82,7 +82,7 @@ class Session:
                 f"{cfg.train.micro_batch} x {self.world} ranks (change micro_batch or the number of ranks)"
             )
         self.accum = cfg.train.global_batch // (cfg.train.micro_batch * self.world)
-        self.store: Store = open_store(cfg.store.url, RetryPolicy(cfg.store.retries, cfg.store.retry_seconds))
+        self.store: Store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
         # Rank 0 pushes in the background (store.async_push); every rank learns the outcome at a boundary.
         self.pusher = Pusher(background=cfg.store.async_push)
         # (step, start, samples consumed, seconds the save took) of the push in flight, booked when it ends

@@ -12,11 +12,11 @@ from . import ledger as L
 from .config import Config
 from .errors import BatonError
 from .plan import HOUR, PlanInput, iso, plan
-from .store import open_store
+from .store import RetryPolicy, open_store
 
 
 def run_ledger(args, cfg: Config) -> int:
-    store = open_store(cfg.store.url)
+    store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
     runs = args.run or [cfg.run.name]
     records, problems = [], []
     for run in runs:
@@ -39,7 +39,7 @@ def run_ledger(args, cfg: Config) -> int:
 def status(cfg: Config) -> dict[str, Any]:
     from .checkpoint.resume import read_pointer
 
-    store = open_store(cfg.store.url)
+    store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
     run = cfg.run.name
     out: dict[str, Any] = {"run": run, "store": store.describe(), "total_steps": cfg.total_steps,
                            "tokens_per_step": cfg.tokens_per_step}

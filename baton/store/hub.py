@@ -30,7 +30,6 @@ from ..errors import ConfigError, StoreError
 from .base import ObjectInfo, RangeRead, safe_key, write_download
 from .retry import RetryPolicy, Transient, call
 
-TIMEOUT = httpx2.Timeout(120.0, connect=15.0)  # the library's own client waits forever by default
 
 
 def _git_oid(data: bytes) -> str:
@@ -44,6 +43,7 @@ class HubStore:
         self.repo_type = repo_type
         self.revision = revision
         self.retry = retry or RetryPolicy()
+        self.timeout = httpx2.Timeout(self.retry.request_timeout, connect=min(15.0, self.retry.request_timeout))
         self.api = HfApi(endpoint=endpoint, token=token)
         self.endpoint = self.api.endpoint.rstrip("/")
         self._token = token or hf.get_token()
@@ -104,6 +104,11 @@ class HubStore:
         return e
 
     def _call(self, fn, what: str):
+        # The library's shared client waits forever by default, and create_commit and its uploads pass no
+        # timeout of their own: bound it (again before every call, since the library may rebuild the client).
+        client = get_session()
+        if client.timeout != self.timeout:
+            client.timeout = self.timeout
         return call(fn, what, self.describe(), self._classify, self.retry)
 
     def _url(self, key: str) -> str:
@@ -113,7 +118,7 @@ class HubStore:
 
     def _get(self, key: str, headers: dict | None = None, stream: bool = False):
         req = get_session().build_request("GET", self._url(key), headers={**build_hf_headers(token=self._token),
-                                                                           **(headers or {})}, timeout=TIMEOUT)
+                                                                           **(headers or {})}, timeout=self.timeout)
         return get_session().send(req, follow_redirects=True, stream=stream)
 
     def _commit(self, ops_factory, message: str, what: str) -> None:

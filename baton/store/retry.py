@@ -30,6 +30,14 @@ class RetryPolicy:
     max_seconds: float = 300.0  # no new attempt starts after this much time has passed
     base: float = 1.0  # first backoff in seconds; doubles each attempt
     cap: float = 30.0  # longest single backoff
+    # A request that hears nothing from the server for this long is a dropped connection, retried like one.
+    # Without a bound a stalled server holds a push, and with it the end of the session, indefinitely.
+    request_timeout: float = 120.0
+
+    @classmethod
+    def from_config(cls, store) -> "RetryPolicy":
+        """From a ``StoreConfig`` (``retries``, ``retry_seconds``, ``request_timeout``)."""
+        return cls(attempts=store.retries, max_seconds=store.retry_seconds, request_timeout=store.request_timeout)
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         # "Full jitter": uniform in [0, base * 2**attempt], so many clients retrying do not stampede.

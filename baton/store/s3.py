@@ -75,7 +75,7 @@ class S3Store:
         region = region or session.region_name or "us-east-1"
         config = Config(
             retries={"total_max_attempts": 1},  # retrying is ours: bounded, classified, logged
-            connect_timeout=10, read_timeout=120,
+            connect_timeout=min(10.0, self.retry.request_timeout), read_timeout=self.retry.request_timeout,
             # Custom endpoints (MinIO, R2, a test server) want path-style addressing.
             s3={"addressing_style": "path" if endpoint else "auto"},
             # No CRC trailers or aws-chunked bodies: several compatible servers reject them. We send our own

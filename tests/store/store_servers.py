@@ -76,13 +76,15 @@ HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te"
 class Fault:
     """What the proxy does to requests that ``match`` (method, path); ``times`` None means every time."""
 
-    kind: str  # ignore_range | shift_range | lie_range | drop | status | slow
+    kind: str  # ignore_range | shift_range | lie_range | drop | status | slow | stall
     match: Callable[[str, str], bool] = lambda method, path: True
     times: int | None = None
     status: int = 503
     shift: int = 4096
     slow_seconds_per_mb: float = 0.0
+    stall_seconds: float = 60.0  # stall: say nothing this long (or until clear()), then answer normally
     hits: int = 0
+    released: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -135,6 +137,8 @@ class FaultyProxy:
 
     def clear(self) -> None:
         with self.lock:
+            for f in self.faults:
+                f.released.set()
             self.faults.clear()
 
     def _fault_for(self, method: str, path: str) -> Fault | None:
@@ -169,6 +173,9 @@ class FaultyProxy:
         if body is None:  # the client went away mid-body: forward nothing, as a real server would
             h.close_connection = True
             return
+        if fault is not None and fault.kind == "stall":
+            # A server that took the request and went quiet; a client without a timeout waits all along.
+            fault.released.wait(fault.stall_seconds)
         if fault is not None and fault.kind == "status":
             payload = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>"
                        f"{'SlowDown' if fault.status == 429 else 'ServiceUnavailable'}</Code>"

@@ -229,3 +229,27 @@ def test_permanent_errors_stop_at_once_and_say_what_to_check(moto_server, hub_se
     assert "hf_wrong_token_0000" not in str(err.value)
     logging.getLogger("baton.store.retry").removeHandler(retried)
     assert not retried.fired  # permanent errors are not retried
+
+
+@pytest.mark.parametrize("kind", ["s3", "hub"])
+def test_a_server_that_goes_silent_is_timed_out_and_retried_not_waited_on(make_backend, tmp_path, kind):
+    backend = make_backend(kind, RetryPolicy(attempts=2, max_seconds=30, base=0.01, cap=0.05, request_timeout=1.0))
+    # The upload (S3: the object PUT; the Hub: the commit) gets its answer only after a minute. Without a
+    # client timeout the push would wait that minute and then succeed, and this test would fail.
+    upload = (lambda m, p: m == "PUT") if kind == "s3" else (lambda m, p: m == "POST" and "/commit/" in p)
+    stall = backend.fault("stall", match=upload)
+    folder = checkpoint_folder(tmp_path / "l" / "step-1", 1)
+    before = local_manifest(folder)
+    with pytest.raises(StoreError, match=r"after 2 attempt\(s\) .*looks down") as err:
+        push_checkpoint(backend.store, "run", folder, 1, {"n": 1})
+    assert backend.store.describe() in str(err.value)
+    assert stall.hits >= 2
+    backend.clear_faults()
+    assert backend.store.read_text(f"run/{POINTER}") is None
+    assert local_manifest(folder) == before
+
+    # One silent answer, then a normal one: the retry carries the push through.
+    stall = backend.fault("stall", match=upload, times=1)
+    res = push_checkpoint(backend.store, "run", folder, 1, {"n": 1})
+    assert stall.hits == 1 and res.verified
+    assert json.loads(backend.store.read_text(f"run/{POINTER}"))["step"] == 1
