@@ -62,14 +62,18 @@ def _run_on_small_disk(zygote, argv: list[str], mount_at: Path, size: int, out: 
     return p.returncode, p.stderr, left
 
 
-@pytest.mark.parametrize("where", ["weights", "state"])
-def test_a_full_local_disk_stops_cleanly_and_keeps_the_baton(where, zygote, fake_env, make_config, tmp_path):
-    cfg = make_config()
+def _four_steps(zygote, make_config, tmp_path: Path) -> tuple[list[str], Path, Path, bytes]:
+    """Train the test run to a verified checkpoint at step 4. Returns (argv, store, runs, pointer bytes)."""
     store, runs = tmp_path / "store", tmp_path / "runs"
-    argv = ["train", "-c", str(cfg), "--no-progress"]
+    argv = ["train", "-c", str(make_config()), "--no-progress"]
     first = zygote.run(argv + ["--stop-after-steps", "4"], tmp_path / "out")
     assert first.returncode == 0, first.stderr[-3000:]
-    pointer_before = (store / "test" / "latest.json").read_bytes()
+    return argv, store, runs, (store / "test" / "latest.json").read_bytes()
+
+
+@pytest.mark.parametrize("where", ["weights", "state"])
+def test_a_full_local_disk_stops_cleanly_and_keeps_the_baton(where, zygote, fake_env, make_config, tmp_path):
+    argv, store, runs, pointer_before = _four_steps(zygote, make_config, tmp_path)
     ckpt = store / "test" / "ckpt" / "step-4"
     stored = {p.name: p.read_bytes() for p in ckpt.iterdir()}
 
@@ -105,12 +109,7 @@ def test_a_full_local_disk_stops_cleanly_and_keeps_the_baton(where, zygote, fake
 
 def test_a_resume_that_cannot_fit_on_the_local_disk_says_so_before_downloading(zygote, fake_env, make_config,
                                                                                tmp_path):
-    cfg = make_config()
-    store, runs = tmp_path / "store", tmp_path / "runs"
-    argv = ["train", "-c", str(cfg), "--no-progress"]
-    first = zygote.run(argv + ["--stop-after-steps", "4"], tmp_path / "out")
-    assert first.returncode == 0, first.stderr[-3000:]
-    pointer_before = (store / "test" / "latest.json").read_bytes()
+    argv, store, runs, pointer_before = _four_steps(zygote, make_config, tmp_path)
     shutil.rmtree(runs / "test" / "ckpt")  # a new machine: nothing local, everything comes from the store
     need = sum(p.stat().st_size for p in (store / "test" / "ckpt" / "step-4").iterdir())
 
