@@ -19,6 +19,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import BinaryIO, Callable
 
 from ..errors import StoreError
 from ..hashing import sha256_file
@@ -76,7 +77,6 @@ class LocalStore:
         """Copy ``local`` to ``key``, hashing the bytes as they are written; returns their sha256 (which
         may differ from ``sha256`` if the source changed since it was hashed: verification then fails)."""
         dst = self._path(key)
-        tmp = dst.with_name(dst.name + ".partial")
 
         def put() -> str:
             self._check_root()
@@ -84,21 +84,14 @@ class LocalStore:
                 self._written.pop(key, None)
             began = time.time_ns()
             h = hashlib.sha256()
-            try:
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                with open(local, "rb") as src, open(tmp, "wb") as out:
+
+            def copy(out: BinaryIO) -> None:
+                with open(local, "rb") as src:
                     while chunk := src.read(CHUNK):
                         h.update(chunk)
                         out.write(chunk)
-                    out.flush()
-                    os.fsync(out.fileno())
-                os.replace(tmp, dst)
-            except BaseException:
-                try:
-                    tmp.unlink(missing_ok=True)
-                except OSError:
-                    pass
-                raise
+
+            _write_atomically(dst, copy)
             self._root_seen = True
             digest = h.hexdigest()
             self._remember(key, dst, began, digest)
@@ -224,23 +217,29 @@ class LocalStore:
 
     def write_text(self, key: str, text: str) -> None:
         p = self._path(key)
-        tmp = p.with_name(p.name + ".partial")
 
         def write() -> None:
             self._check_root()
-            try:
-                p.parent.mkdir(parents=True, exist_ok=True)
-                with open(tmp, "w", encoding="utf-8") as f:
-                    f.write(text)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, p)  # atomic: a reader sees the old pointer or the new one, never half
-            except BaseException:
-                try:
-                    tmp.unlink(missing_ok=True)
-                except OSError:
-                    pass
-                raise
+            _write_atomically(p, lambda f: f.write(text.encode("utf-8")))  # the old pointer or the new, never half
             self._root_seen = True
 
         self._call(write, f"write of {key}")
+
+
+def _write_atomically(dst: Path, fill: Callable[[BinaryIO], object]) -> None:
+    """Write through a '.partial' sibling, fsync, rename: a reader sees the old file or the new one, never half
+    of one, and a write cut short leaves no partial file behind."""
+    tmp = dst.with_name(dst.name + ".partial")
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as out:
+            fill(out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, dst)
+    except BaseException:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise
