@@ -58,7 +58,7 @@ class SessionLedger:
         self.store = store
         self.run = run
         self.id = new_session_id(started)
-        self.key = f"{run}/{LEDGER_DIR}/{self.id}.json"
+        self.key = ledger_key(run, self.id)
         self.heartbeat_every_s = heartbeat_every_s
         self.rec: dict[str, Any] = {
             "format": FORMAT, "session": self.id, "run": run, "host": socket.gethostname(), "pid": os.getpid(),
@@ -125,6 +125,10 @@ def _keys(store: Store, prefix: str) -> list[str]:
     except TypeError:  # a backend without the checksums switch
         listing = store.list(prefix)
     return sorted(listing)
+
+
+def ledger_key(run: str, session: str) -> str:
+    return f"{run}/{LEDGER_DIR}/{session}.json"
 
 
 def read_ledger(store: Store, run: str) -> tuple[list[dict[str, Any]], list[str]]:

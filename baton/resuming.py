@@ -8,6 +8,7 @@ restart from step 0.
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,11 +17,12 @@ import torch
 
 from . import dist
 from .checkpoint import state as ckstate
-from .checkpoint.cycle import POINTER
+from .checkpoint.cycle import POINTER, push_checkpoint
 from .checkpoint.resume import pull_checkpoint, read_pointer
 from .data.reader import Cursor
 from .drift import check_resume
 from .errors import BatonError, ResumeError
+from .ledger import ledger_key
 
 if TYPE_CHECKING:
     from .session import Session
@@ -47,6 +49,8 @@ def resume_session(s: Session) -> None:
         if s.dist.is_main:
             try:
                 pointer = read_pointer(s.store, s.run)
+                if pointer is None or not pointer.get("complete"):
+                    pointer = _finish_interrupted_push(s, pointer)
             except BatonError as e:
                 err = str(e)
         pointer, err = dist.broadcast((pointer, err))
@@ -74,6 +78,7 @@ def resume_session(s: Session) -> None:
         errs = [e for e in dist.gather(err) if e]
         if errs:
             raise ResumeError(errs[0])
+        s.parent = ckstate.lineage(pointer["step"], pointer["files"])
     else:
         folder = Path(s.resume_mode)
         if not folder.is_dir():
@@ -107,6 +112,56 @@ def resume_session(s: Session) -> None:
         # Lines past the checkpoint belong to work that was lost with the previous session.
         (s.run_dir / "metrics.jsonl").write_bytes((folder / ckstate.METRICS_FILE).read_bytes())
     log.info("resumed at step %d (samples consumed %d)", s.step, cursor.samples_consumed)
+
+def _finish_interrupted_push(s: Session, pointer: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Rank 0: a session killed after saving a checkpoint and before the store verified it leaves the
+    checkpoint on this machine's disk. If it continues the store's line of work and fits this config, run the
+    push it never finished (upload, verify, pointer, read-back) instead of training its steps again; returns
+    the pointer to resume from. Anything doubtful leaves the local folder alone and the pointer as it was:
+    the verified checkpoint stays the baton."""
+    local = _newest_local(s.run_dir / "ckpt", above=pointer["step"] if pointer else 0)
+    if local is None:
+        return pointer
+    try:
+        st = ckstate.read_state(local)
+        step = int(local.name[len("step-"):])
+        if st["step"] != step or not _continues(s, st, pointer):
+            log.info("%s does not continue the store's %s (another line of work); not pushed", local,
+                     f"step {pointer['step']}" if pointer else "run, which has no checkpoint")
+            return pointer
+        _check_drift(s, st)
+    except ResumeError as e:
+        log.warning("not pushing %s, left by an earlier session: %s", local, e)
+        return pointer
+    log.info("checkpoint step %d was saved on this disk by a session that ended before the store verified it: "
+             "finishing its push", step)
+    try:
+        push_checkpoint(s.store, s.run, local, step, st["cursor"], s.cfg.store.verify, s.cfg.store.keep_last)
+    except BatonError as e:
+        log.warning("could not finish the push of %s (%s); resuming from the verified step %d and keeping it",
+                    local, e, pointer["step"])
+        return pointer
+    return read_pointer(s.store, s.run) or pointer
+
+
+def _continues(s: Session, st: dict[str, Any], pointer: dict[str, Any] | None) -> bool:
+    """Whether a local checkpoint follows the store's line of work: its parent is the pointer's checkpoint
+    (step and weights); or, before any pointer, it is a first checkpoint saved by a session the store's
+    ledger knows, so the run in the store was not deleted and started afresh since."""
+    if pointer is not None:
+        return st.get("parent") == ckstate.lineage(pointer["step"], pointer["files"])
+    session = st.get("session")
+    return st.get("parent") is None and isinstance(session, str) and re.fullmatch(r"[A-Za-z0-9-]+", session) \
+        is not None and s.store.read_text(ledger_key(s.run, session)) is not None
+
+
+def _newest_local(folder: Path, above: int) -> Path | None:
+    """The newest complete local checkpoint (``step-N``; a save in progress is ``step-N.partial``) past ``above``."""
+    steps = [int(d.name[len("step-"):]) for d in folder.glob("step-*")
+             if d.is_dir() and d.name[len("step-"):].isdigit()] if folder.is_dir() else []
+    newer = [n for n in steps if n > above]
+    return folder / f"step-{max(newer)}" if newer else None
+
 
 def _fresh_metrics(s: Session) -> None:
     # Rows left by a session killed before its first verified checkpoint describe lost work.

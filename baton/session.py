@@ -110,6 +110,9 @@ class Session:
         self.step = 0
         self.stats = Stats()
         self.resumed_from: int | None = None
+        # The newest verified checkpoint of this lineage: what a checkpoint saved now continues. Recorded in
+        # each checkpoint so a later session can tell whether one left unpushed on disk follows the pointer.
+        self.parent: dict[str, Any] | None = None
         self.complete_pointer: dict[str, Any] | None = None
         self.session_checkpoints: list[dict[str, Any]] = []
         self.peak_train = 0
@@ -377,6 +380,7 @@ class Session:
             raise
         if pending is None or result is None:
             return None
+        self.parent = ckstate.lineage(result.step, result.files)
         step, t0, samples, save_seconds = pending
         # The whole cycle (save, push, verify, pointer, prune) as if it had run alone: what a final one costs.
         seconds = save_seconds + result.seconds
@@ -421,6 +425,8 @@ class Session:
             "versions": versions(),
             "params": self.n_params,
             "data": state_data(self.cfg.to_dict(), self.data.fingerprint, self.tokenizer_sha256),
+            "parent": self.parent,
+            "session": self.ledger.id if self.ledger is not None else None,
         }
         folder = ckstate.save_checkpoint(self.run_dir / "ckpt" / f"step-{step}", model, optimizer, state,
                                          self.metrics_path)

@@ -98,7 +98,7 @@ def main() -> int:
         for (name, url, view, background), want in zip(arrangements, per):
             label = f"{name}/{'background' if background else 'synchronous'} push"
             chaos = Chaos(zygote, Path(config), view, work / f"w-{name}-{background}", work / "runs", args.cadence,
-                          2 if background else 1, rng,
+                          1, rng,
                           common + [f"store.url={url}", f"store.async_push={'true' if background else 'false'}"],
                           pause=0.25, random_window=(0.5, 4.0) if not args.small else (0.3, 1.5))
             r_i, t = 0, time.time()

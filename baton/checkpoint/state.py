@@ -154,6 +154,11 @@ def save_checkpoint(out: Path, model: torch.nn.Module, optimizer: torch.optim.Op
 DAMAGED = "; the checkpoint is unusable: resume from an earlier checkpoint (--resume PATH), or start a new run.name"
 
 
+def lineage(step: int, files: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Names a verified checkpoint unambiguously: its step and the sha256 of its weights."""
+    return {"step": step, "model_sha256": files[MODEL_FILE]["sha256"]}
+
+
 def read_state(ckpt: Path) -> dict[str, Any]:
     try:
         state = json.loads((ckpt / STATE_FILE).read_text(encoding="utf-8"))

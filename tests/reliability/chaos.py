@@ -15,9 +15,11 @@ boto3 against the S3 server), not through baton:
    and sha256, state.json holds the same step, the safetensors files load;
 2. once a pointer existed it never disappears nor goes back (so a resume cannot start from step 0);
 3. the checkpoint the pointer names is present (the latest verified checkpoint is never deleted);
-4. the steps trained beyond the pointer (lost work, redone on resume) are at most one cadence with
-   synchronous pushes, two with a push in flight in the background;
-5. the next session resumes at exactly the pointer's step, and the metrics history it keeps is contiguous;
+4. the steps trained beyond the resume point (lost work, redone on resume) are at most one cadence. The
+   resume point is the pointer's step, or a newer checkpoint the killed session saved on this machine's
+   disk that continues the pointer (its parent names the pointer's step and weights): the next session
+   finishes that push before it resumes;
+5. the next session resumes at exactly the resume point, and the metrics history it keeps is contiguous;
 6. killed sessions do not pile up checkpoints on the local disk (one pulled copy, nothing older than the
    pointer in the local checkpoint folder).
 
@@ -194,6 +196,27 @@ class Chaos:
                     v.append(f"{where}: {p['path']}/{name} does not load ({e})")
         return p
 
+    def resume_point(self, run: str, pointer: dict[str, Any] | None) -> int | None:
+        """Where the next session must resume: the pointer's step, or the newest checkpoint on this machine's
+        disk that continues the pointer's checkpoint (the next session finishes its push). Before any pointer,
+        a first checkpoint continues the run when the store's ledger holds the session that saved it."""
+        best = pointer["step"] if pointer else None
+        parent = {"step": pointer["step"], "model_sha256": pointer["files"]["model.safetensors"]["sha256"]} \
+            if pointer else None
+        folder = self.runs / run / "ckpt"
+        for d in folder.glob("step-*") if folder.is_dir() else []:
+            n = d.name[len("step-"):]
+            if not n.isdigit() or int(n) <= (best or 0):
+                continue
+            try:
+                st = json.loads((d / "state.json").read_text())
+            except (OSError, ValueError):
+                continue
+            known = pointer is not None or self.view.read(f"{run}/ledger/{st.get('session')}.json") is not None
+            if st.get("parent") == parent and known:
+                best = int(n)
+        return best
+
     # ---- one process
     def _argv(self, run: str) -> list[str]:
         argv = ["train", "-c", str(self.config), "--no-progress", "--set", f"run.name={run}"]
@@ -264,6 +287,7 @@ class Chaos:
             before = self.check_pointer(run, f"{run} before leg {n}")
             if before is not None and before.get("complete"):
                 break
+            start = self.resume_point(run, before)
             target = None
             if done_kills < kills:
                 if not queue:
@@ -277,7 +301,7 @@ class Chaos:
                 v.append(f"{run} leg {n}: the pointer went from step {highest} to {step_after}")
             if step_after is not None:
                 highest = max(highest or 0, step_after)
-            self._check_resume(run, n, res.stderr, step_before)
+            self._check_resume(run, n, res.stderr, start)
             self._check_local(run, n, step_after)
             metrics = read_metrics(self.runs / run / "metrics.jsonl")
             reached = metrics[-1]["step"] if metrics else 0
@@ -288,10 +312,11 @@ class Chaos:
                 done_kills += 1
                 if res.returncode != -9:
                     v.append(f"{run} leg {n}: expected death by SIGKILL, got status {res.returncode}")
-                lost = reached - (step_after or 0)
+                resume_at = self.resume_point(run, after)
+                lost = reached - (resume_at or 0)
                 if lost > self.bound:
-                    v.append(f"{run} leg {n}: killed at step {reached} with the pointer at {step_after}: "
-                             f"{lost} steps to redo, more than {self.bound}")
+                    v.append(f"{run} leg {n}: killed at step {reached} with the pointer at {step_after} and the "
+                             f"resume point at {resume_at}: {lost} steps to redo, more than {self.bound}")
                 self.report.kills.append(Kill(target, hit, round(delay, 3), step_before, step_after, reached,
                                               res.returncode))
                 self.log(f"kill {len(self.report.kills):3d} {run} target={target:16s} hit={hit:18s} "
@@ -322,14 +347,14 @@ class Chaos:
             self.report.violations.append(f"{run} leg {n}: local checkpoints {stale} older than the pointer "
                                           f"({pointer_step}) were left on disk")
 
-    def _check_resume(self, run: str, n: int, stderr: str, pointer_step: int | None) -> None:
+    def _check_resume(self, run: str, n: int, stderr: str, start: int | None) -> None:
         v = self.report.violations
         fresh = re.search(r"starting run .* at step 0", stderr)
         resumed = re.search(r"resumed at step (\d+)", stderr)
-        if pointer_step is not None and fresh:
-            v.append(f"{run} leg {n}: started at step 0 although the pointer named step {pointer_step}")
-        if resumed and int(resumed.group(1)) != pointer_step:
-            v.append(f"{run} leg {n}: resumed at step {resumed.group(1)}, the pointer named {pointer_step}")
+        if start is not None and fresh:
+            v.append(f"{run} leg {n}: started at step 0 although the pointer named a checkpoint")
+        if resumed and int(resumed.group(1)) != start:
+            v.append(f"{run} leg {n}: resumed at step {resumed.group(1)}, expected {start}")
         if "Traceback" in stderr:
             v.append(f"{run} leg {n}: a traceback:\n{stderr[-2000:]}")
 

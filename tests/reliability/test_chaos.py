@@ -40,9 +40,10 @@ def test_sigkill_at_random_moments_keeps_every_invariant(zygote, make_config, s3
                       *sum((["--set", o] for o in common), [])], tmp_path / "out")
     assert ref.returncode == 0, ref.stderr[-3000:]
 
-    # Local store with background pushes (the default): a push in flight when the kill lands loses its
-    # cadence too, so up to two cadences are redone. S3 with synchronous pushes: at most one.
-    plans = [("local", local_cfg, local_view, True, 2), ("s3", s3_cfg, s3_view, False, 1)]
+    # Local store with background pushes (the default), S3 with synchronous ones. Either way at most one
+    # cadence is redone: a checkpoint whose push the kill cut short is still on this disk, and the next
+    # session finishes that push before it resumes.
+    plans = [("local", local_cfg, local_view, True, 1), ("s3", s3_cfg, s3_view, False, 1)]
     kills, violations, hits = [], [], set()
     for name, cfg, view, background, bound in plans:
         chaos = Chaos(zygote, cfg, view, tmp_path / name, runs, CADENCE, bound, rng,

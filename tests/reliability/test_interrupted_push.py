@@ -1,0 +1,118 @@
+"""A session killed after saving a checkpoint and before the store verified it: the next session on the same
+machine finishes that push (upload, verify, pointer) and resumes from it, instead of training its steps
+again. Only a checkpoint that continues the pointer's line of work and fits the config is pushed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from baton.faults import PAUSE_ENV, TRACE_ENV
+
+ARGS = ["--no-progress", "--set", "train.steps=8", "--set", "train.ckpt_every=2"]
+
+
+def _kill_at_pointer(zygote, cfg: Path, tmp_path: Path, step: int) -> None:
+    """Train on, and SIGKILL the session when checkpoint ``step`` is saved, uploaded and verified but the
+    pointer not yet written."""
+    trace = tmp_path / f"trace-{step}"
+    child = zygote.spawn(["train", "-c", cfg, *ARGS], tmp_path / "out",
+                         env={TRACE_ENV: str(trace), PAUSE_ENV: "pointer=30"})
+    deadline = time.monotonic() + 120
+    while not (trace.is_file() and f"pointer {step} " in trace.read_text()):
+        assert child.alive() and time.monotonic() < deadline, child.wait(5).stderr[-3000:]
+        time.sleep(0.01)
+    child.kill()
+    assert child.wait(30).returncode == -9
+
+
+def _killed_before_the_pointer(zygote, cfg: Path, tmp_path: Path) -> None:
+    """A verified checkpoint at step 2; then a session killed before its pointer to step 4."""
+    first = zygote.run(["train", "-c", cfg, *ARGS, "--stop-after-steps", "2"], tmp_path / "out")
+    assert first.returncode == 0, first.stderr[-3000:]
+    _kill_at_pointer(zygote, cfg, tmp_path, 4)
+
+
+def _final(store: Path, run: str) -> dict[str, torch.Tensor]:
+    p = json.loads((store / run / "latest.json").read_text())
+    assert p["complete"], p
+    return load_file(store / run / p["path"] / "model.safetensors")
+
+
+def test_the_next_session_finishes_the_push_and_loses_no_step(zygote, make_config, tmp_path):
+    store, runs = tmp_path / "store", tmp_path / "runs"
+    ref = zygote.run(["train", "-c", make_config("ref.toml", run_name="ref"), *ARGS], tmp_path / "out")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+
+    cfg = make_config()
+    _killed_before_the_pointer(zygote, cfg, tmp_path)
+    assert json.loads((store / "test" / "latest.json").read_text())["step"] == 2
+    assert (runs / "test" / "ckpt" / "step-4" / "state.json").is_file()
+
+    again = zygote.run(["train", "-c", cfg, *ARGS], tmp_path / "out")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "checkpoint step 4 was saved on this disk by a session that ended before the store verified it" \
+        in again.stderr
+    assert "resumed at step 4" in again.stderr
+    steps = [json.loads(line)["step"] for line in (runs / "test" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 9))
+    a, b = _final(store, "ref"), _final(store, "test")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_local_checkpoint_off_the_pointers_line_is_left_alone(zygote, make_config, tmp_path):
+    store, runs = tmp_path / "store", tmp_path / "runs"
+    cfg = make_config()
+    _killed_before_the_pointer(zygote, cfg, tmp_path)
+    # Its parent no longer names the pointer's checkpoint: as if another session had moved the run on.
+    state = runs / "test" / "ckpt" / "step-4" / "state.json"
+    st = json.loads(state.read_text())
+    st["parent"]["model_sha256"] = "0" * 64
+    state.write_text(json.dumps(st))
+
+    again = zygote.run(["train", "-c", cfg, *ARGS, "--stop-after-steps", "3"], tmp_path / "out")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "does not continue the store's step 2" in again.stderr
+    assert "resumed at step 2" in again.stderr
+    assert json.loads((store / "test" / "latest.json").read_text())["step"] == 3
+    assert state.is_file()  # left alone, not deleted either: it is not ours to judge
+
+
+def test_a_local_checkpoint_that_does_not_fit_the_config_is_not_pushed(zygote, make_config, tmp_path):
+    store, runs = tmp_path / "store", tmp_path / "runs"
+    cfg = make_config()
+    _killed_before_the_pointer(zygote, cfg, tmp_path)
+    # The next session changes the shuffle seed: the local checkpoint is refused like any other drift, and
+    # so is the pointer's, so the run stops with the drift error and the store is as it was.
+    again = zygote.run(["train", "-c", cfg, *ARGS, "--set", "data.shuffle_seed=8"], tmp_path / "out")
+    assert again.returncode == 2, again.stderr[-3000:]
+    assert "not pushing" in again.stderr and "data.shuffle_seed" in again.stderr
+    assert json.loads((store / "test" / "latest.json").read_text())["step"] == 2
+    assert (runs / "test" / "ckpt" / "step-4" / "state.json").is_file()
+
+
+def test_the_first_checkpoint_is_finished_too_while_the_store_knows_its_session(zygote, make_config, tmp_path):
+    store = tmp_path / "store"
+    cfg = make_config()
+    _kill_at_pointer(zygote, cfg, tmp_path, 2)
+    assert not (store / "test" / "latest.json").exists()
+    again = zygote.run(["train", "-c", cfg, *ARGS, "--stop-after-steps", "3"], tmp_path / "out")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "checkpoint step 2 was saved on this disk" in again.stderr and "resumed at step 2" in again.stderr
+
+
+def test_a_run_deleted_from_the_store_starts_afresh_despite_a_local_checkpoint(zygote, make_config, tmp_path):
+    store = tmp_path / "store"
+    cfg = make_config()
+    _kill_at_pointer(zygote, cfg, tmp_path, 2)
+    shutil.rmtree(store / "test")  # the user deleted the run to start it again: no ledger, no pointer
+    again = zygote.run(["train", "-c", cfg, *ARGS, "--stop-after-steps", "3"], tmp_path / "out")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "does not continue the store's run, which has no checkpoint" in again.stderr
+    assert "starting run 'test' at step 0" in again.stderr
+    assert json.loads((store / "test" / "latest.json").read_text())["step"] == 3
