@@ -31,7 +31,7 @@ from .journal import JOURNAL, Journal
 from .manifest import FORMAT, MANIFEST, corpus_fingerprint, load_manifest
 from .mix import Mix
 from .shards import dtype_for_vocab, read_header, write_shard
-from .sources import SourceReader, stdlib_files  # noqa: F401  (stdlib_files: public helper)
+from .sources import SourceReader
 from .tokenize import (  # noqa: F401
     TOKENIZER_FILE,
     Encoder,
