@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import dist
+from . import checkpointing, dist
 from .checkpoint.cycle import make_pointer, push_folder, write_pointer
 from .checkpoint.resume import read_pointer
 from .data.prepare import TOKENIZER_FILE
@@ -64,7 +64,7 @@ def finish(s: Session) -> None:
     s.val = evaluate(s)
     log.info("validation: loss %.4f ppl %.2f over %d windows", s.val.get("val_loss", float("nan")),
              s.val.get("val_ppl", float("nan")), s.val.get("val_windows", 0))
-    plain = s._plain()
+    plain = checkpointing.plain_state(s)
     err = None
     if s.dist.is_main:
         try:

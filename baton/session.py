@@ -20,20 +20,18 @@ from typing import Any
 
 import torch
 
-from . import dist, memory, perf
-from .checkpoint import state as ckstate
-from .checkpoint.cycle import PushResult, push_checkpoint
+from . import checkpointing, dist, memory, perf
+from .checkpoint.cycle import PushResult
 from .checkpoint.pusher import PushFailed, Pusher
 from .config import Config
-from .data.reader import Cursor, WindowDataset
-from .drift import state_data, tokenizer_sha256
-from .errors import BatonError, ConfigError, StoreError
+from .data.reader import WindowDataset
+from .drift import tokenizer_sha256
+from .errors import BatonError, ConfigError
 from .flops import session_flops
 from .model import build_model, count_parameters, param_count
 from .parallel import Parallel
 from .resuming import resume_session
 from .store import RetryPolicy, Store, open_store
-from .versions import versions
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +84,7 @@ class Session:
         # Rank 0 pushes in the background (store.async_push); every rank learns the outcome at a boundary.
         self.pusher = Pusher(background=cfg.store.async_push)
         # (step, start, samples consumed, seconds the save took) of the push in flight, booked when it ends
-        self._pending: tuple[int, float, int, float] | None = None
+        self.pending_push: tuple[int, float, int, float] | None = None
         self.ledger = self._open_ledger()
         self.data = WindowDataset(cfg.data.dir, cfg.data.seq_len, cfg.data.shuffle_seed, cfg.data.val_windows)
         # Checked now, not when the final export needs it hours later.
@@ -118,7 +116,7 @@ class Session:
         self.peak_train = 0
         self.peak_eval = 0
         self.val: dict[str, float] | None = None
-        self._last_ckpt_step: int | None = None
+        self.last_saved_step: int | None = None  # the newest checkpoint this session saved (its push may be in flight)
         self.stopped_by: str | None = None
         try:
             self._resume()
@@ -314,130 +312,23 @@ class Session:
         return bool(every) and step % every == 0 and step < self.stop_step
 
     # ------------------------------------------------------------------------------ checkpoint
-    def checkpoint(self, step: int, complete_extra: dict[str, Any] | None = None) -> PushResult | None:
-        """Save, then push, verify, roll the pointer, prune: in the background while training goes on, except
-        for the session's last checkpoint (or with store.async_push off), which is complete on return.
-
-        At most one push is in flight: this first waits for the previous one. All ranks return together or
-        raise together; a background failure surfaces at the next step boundary (``at_boundary``).
-        """
-        t0 = time.time()
-        rngs = dist.gather(ckstate.rng_state())
-        plain = self._plain()  # under FSDP, a collective that gathers the full state to rank 0
-        final = step >= self.stop_step or self.stopped_by is not None
-        result, err = None, None
-        if self.dist.is_main:
-            try:
-                self._collect_push()
-                folder, cursor = self._save(step, rngs, *plain)
-                self._pending = (step, t0, cursor.samples_consumed, self._save_seconds)
-                self.pusher.start(step, lambda: push_checkpoint(self.store, self.run, folder, step, cursor.to_dict(),
-                                                                self.cfg.store.verify, self.cfg.store.keep_last))
-                if final or not self.pusher.background:
-                    result = self._collect_push()
-            except PushFailed as e:
-                err = (e.step, str(e))
-            except ckstate.LocalSaveError as e:  # the local disk, not the store: its message says all
-                err = (None, str(e))
-            except (BatonError, OSError) as e:
-                err = (step, f"{type(e).__name__}: {e}")
-        err = dist.broadcast(err)
-        if err and err[0] is None:
-            raise ckstate.LocalSaveError(err[1])
-        if err:
-            raise self._push_error(*err)
-        self._last_ckpt_step = step
-        return result
-
-    def _push_error(self, step: int, cause: str) -> StoreError:
-        return StoreError(
-            f"checkpoint at step {step} was not verified in {self.store.describe()} ({cause}); the pointer still "
-            f"names the previous verified checkpoint and the local copy is kept in {self.run_dir / 'ckpt'}"
-        )
+    def checkpoint(self, step: int) -> PushResult | None:
+        """Save, push, verify, roll the pointer, prune (baton.checkpointing); all ranks together."""
+        return checkpointing.checkpoint(self, step)
 
     def push_outcome(self, wait: bool) -> None:
-        """Collective: every rank learns whether rank 0's background push failed (after waiting for the one in
-        flight when ``wait``), and all raise together if it did."""
-        err = None
-        if self.dist.is_main:
-            try:
-                if wait or self.pusher.failure() is not None:
-                    self._collect_push()  # a finished push: returns at once
-            except PushFailed as e:
-                err = (e.step, str(e))
-        err = dist.broadcast(err)
-        if err:
-            raise self._push_error(*err)
-
-    def _collect_push(self) -> PushResult | None:
-        """Rank 0: wait for the push in flight and book it (summary, ledger, budget); raises PushFailed."""
-        pending, self._pending = self._pending, None
-        try:
-            result = self.pusher.wait()
-        except PushFailed:
-            if pending is not None and self.ledger is not None:
-                self.ledger.checkpoint(pending[0], time.time() - pending[1], False, self.budget.stepping_seconds)
-            raise
-        if pending is None or result is None:
-            return None
-        self.parent = ckstate.lineage(result.step, result.files)
-        step, t0, samples, save_seconds = pending
-        # The whole cycle (save, push, verify, pointer, prune) as if it had run alone: what a final one costs.
-        seconds = save_seconds + result.seconds
-        self.budget.observe_checkpoint(seconds, at=t0)
-        if self.ledger is not None:
-            self.ledger.checkpoint(step, seconds, result.verified, self.budget.stepping_seconds)
-        self.session_checkpoints.append({"step": step, "samples_consumed": samples, "verified": result.verified,
-                                         "seconds": round(result.seconds, 3), "path": result.path})
-        log.info("CKPT step %d samples=%d push+verify=%.1fs verified=%s", step, samples, result.seconds,
-                 result.verified)
-        return result
+        checkpointing.push_outcome(self, wait)
 
     @property
     def last_checkpoint_step(self) -> int | None:
         """The step of the newest verified checkpoint this session wrote or resumed from."""
-        return self._last_ckpt_step if self._last_ckpt_step is not None else self.resumed_from
-
-    def _plain(self) -> tuple[torch.nn.Module, torch.optim.Optimizer] | None:
-        """The full model and optimizer on rank 0 (every rank must call this at the same point)."""
-        def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-            model = build_model(self.cfg.model, "cpu")
-            return model, adamw(model, self.cfg, torch.device("cpu"))
-
-        return self.parallel.plain(self.model, self.optimizer, build)
-
-    def _save(self, step: int, rngs: list[dict[str, Any]], model: torch.nn.Module,
-              optimizer: torch.optim.Optimizer) -> tuple[Path, Cursor]:
-        """Write the checkpoint folder locally (in the foreground: it is the state at this step)."""
-        t0 = time.time()
-        cursor = self.data.cursor(step * self.cfg.train.global_batch, step)
-        state = {
-            "step": step,
-            "total_steps": self.total_steps,
-            "cursor": cursor.to_dict(),
-            "scheduler": {"kind": "warmup-plateau-linear", "step": step, "total_steps": self.total_steps,
-                          "warmup_steps": self.cfg.optim.warmup_steps, "decay_start": self.cfg.optim.decay_start},
-            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-            "rng": {"world_size": self.world, "ranks": rngs},
-            "stats": {"nonfinite_skips": self.stats.nonfinite_skips,
-                      "consecutive_nonfinite": self.stats.consecutive_nonfinite, "last_loss": self.stats.last_loss},
-            "config": self.cfg.to_dict(),
-            "versions": versions(),
-            "params": self.n_params,
-            "data": state_data(self.cfg.to_dict(), self.data.fingerprint, self.tokenizer_sha256),
-            "parent": self.parent,
-            "session": self.ledger.id if self.ledger is not None else None,
-        }
-        folder = ckstate.save_checkpoint(self.run_dir / "ckpt" / f"step-{step}", model, optimizer, state,
-                                         self.metrics_path)
-        self._save_seconds = time.time() - t0
-        return folder, cursor
+        return self.last_saved_step if self.last_saved_step is not None else self.resumed_from
 
     def close(self, outcome: str = "ended") -> None:
         if self.dist.is_main and getattr(self, "pusher", None) is not None:
             # The process never exits with a push in flight; a failure here was already raised or is logged.
             try:
-                self._collect_push()
+                checkpointing.collect_push(self)
             except PushFailed as e:
                 log.error("checkpoint at step %d was not verified: %s", e.step, e)
         self.end_ledger(outcome)
