@@ -10,7 +10,7 @@ bounded version of this is tests/reliability/test_chaos.py.
 
 Requirements: the test extras (``pip install -e '.[test]'``: boto3, moto[server]).
 Run: ``python benchmarks/chaos_long.py`` (``--kills 40 --small`` for a quick look with the test model).
-On two shared CPU cores a kill costs 10-30 s with tiny.toml (start-up, a 29 MB pull, up to two cadences
+On two shared CPU cores a kill costs 10-30 s with tiny.toml (start-up, a 29 MB pull, up to a cadence
 of steps), so 200 kills take an hour or more; ``--small`` (the test suite's model) does 200 in about 4 min.
 """
 

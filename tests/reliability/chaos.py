@@ -248,12 +248,12 @@ class Chaos:
             want = self.rng.randint(1, 3) if target == "step" else 1
             seen_at = None
             while child.alive():
-                if sum(1 for ln in trace_lines(trace) if ln[0] == target) >= want:
+                if sum(1 for ln in trace_lines(trace) if self._aimed(target, ln)) >= want:
                     seen_at = time.monotonic()
                     break
                 time.sleep(0.003)
             if seen_at is not None:
-                window = 0.05 if target == "step" else self.pause
+                window = 0.01 if target == "step" else self.pause
                 delay = self.rng.uniform(0, window * 1.2)
                 time.sleep(max(0.0, seen_at + delay - time.monotonic()))
                 if child.alive():
@@ -268,6 +268,14 @@ class Chaos:
             # SIGKILL): that leg was not a kill, and the status says so.
             hit = None
         return res, hit, delay
+
+    def _aimed(self, target: str, line: list[str]) -> bool:
+        """Whether a trace line is the point aimed at. A step is aimed at when it does not end at a checkpoint
+        boundary, so that the kill, a few milliseconds later, still lands in a step and not in the save (the
+        point names the steps done before it: step N ends at boundary N + 1)."""
+        if line[0] != target:
+            return False
+        return target != "step" or self.cadence < 2 or not line[1].isdigit() or (int(line[1]) + 1) % self.cadence != 0
 
     @staticmethod
     def _main_phase(trace: Path) -> str:
