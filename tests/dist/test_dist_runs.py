@@ -9,10 +9,16 @@ still be exactly the same in every step: ``batch_sha`` is compared exactly.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 
-from distrun import (ACCUM2, GLOBAL_BATCH, assert_close_trace, assert_complete_and_verified, assert_exact_trace,
-                     expected_batch_shas)
+from baton.faults import PAUSE_ENV, TRACE_ENV
+from distrun import (ACCUM2, GLOBAL_BATCH, ROOT, Run, assert_close_trace, assert_complete_and_verified,
+                     assert_exact_trace, baton_train, expected_batch_shas, rank_env)
 from helpers import assert_tensors_equal, store_checkpoint_tensors
 
 
@@ -77,3 +83,36 @@ def test_checkpoint_from_one_rank_resumes_on_two(runs, ref1, ref2):
     assert_close_trace(two.metrics, ref1.metrics)
     assert_close_trace(two.metrics, ref2.metrics)
     assert_complete_and_verified(two)
+
+
+def test_two_ranks_killed_before_the_pointer_finish_that_push_and_end_equal(runs, ref2):
+    """SIGKILL to the launcher, torchrun and both ranks while rank 0 holds a verified upload of step 8 but
+    has not written the pointer; the next 2-rank session pushes that checkpoint, resumes there, and ends
+    equal to the uninterrupted run."""
+    base, cfg, store = runs.new("killed-at-pointer")
+    trace = base / "trace"
+    proc = subprocess.Popen([sys.executable, "-m", "baton.cli", "train", "--config", str(cfg), "--no-progress",
+                             "--nproc", "2", *ACCUM2, "--stop-after-steps", "8"], cwd=ROOT,
+                            env=rank_env({TRACE_ENV: str(trace), PAUSE_ENV: "pointer=60"}),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (trace.is_file() and "pointer 8 " in trace.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, "the session ended before its pointer"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher's session holds torchrun and both ranks
+        proc.wait(30)
+    assert not (store / "test" / "latest.json").exists()
+
+    p = baton_train(cfg, "--nproc", "2", *ACCUM2)
+    resumed = Run(base, cfg, store, base / "runs" / "test", p, 0.0)
+    assert p.returncode == 0, resumed.output
+    assert "checkpoint step 8 was saved on this disk" in resumed.log(0)
+    assert "resumed at step 8" in resumed.log(0) and "resumed at step 8" in resumed.log(1)
+    assert_exact_trace(resumed.metrics, ref2.metrics)
+    m_a, o_a, _ = store_checkpoint_tensors(store, "test")
+    m_b, o_b, _ = store_checkpoint_tensors(ref2.store, "test")
+    assert_tensors_equal(m_a, m_b)
+    assert_tensors_equal(o_a, o_b)
+    assert_complete_and_verified(resumed)
