@@ -8,6 +8,7 @@ restart from step 0.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 from pathlib import Path
@@ -45,12 +46,12 @@ def resume_session(s: Session) -> None:
         return
     if s.resume_mode == "auto":
         # Only rank 0 reads the store; the answer (or the error) is shared so every rank agrees.
-        pointer, err = None, None
+        pointer, err, finished = None, None, None
         if s.dist.is_main:
             try:
                 pointer = read_pointer(s.store, s.run)
                 if pointer is None or not pointer.get("complete"):
-                    pointer = _finish_interrupted_push(s, pointer)
+                    pointer, finished = _finish_interrupted_push(s, pointer)
             except BatonError as e:
                 err = str(e)
         pointer, err = dist.broadcast((pointer, err))
@@ -72,7 +73,8 @@ def resume_session(s: Session) -> None:
         if s.dist.local_rank == 0:
             try:
                 _tidy_local(s.run_dir, pointer["step"])
-                pull_checkpoint(s.store, s.run, pointer, folder)
+                if finished != folder:  # else: the copy just pushed and verified, already here
+                    pull_checkpoint(s.store, s.run, pointer, folder)
             except BatonError as e:
                 err = str(e)
         errs = [e for e in dist.gather(err) if e]
@@ -113,35 +115,47 @@ def resume_session(s: Session) -> None:
         (s.run_dir / "metrics.jsonl").write_bytes((folder / ckstate.METRICS_FILE).read_bytes())
     log.info("resumed at step %d (samples consumed %d)", s.step, cursor.samples_consumed)
 
-def _finish_interrupted_push(s: Session, pointer: dict[str, Any] | None) -> dict[str, Any] | None:
+def _finish_interrupted_push(s: Session, pointer: dict[str, Any] | None
+                             ) -> tuple[dict[str, Any] | None, Path | None]:
     """Rank 0: a session killed after saving a checkpoint and before the store verified it leaves the
     checkpoint on this machine's disk. If it continues the store's line of work and fits this config, run the
-    push it never finished (upload, verify, pointer, read-back) instead of training its steps again; returns
-    the pointer to resume from. Anything doubtful leaves the local folder alone and the pointer as it was:
-    the verified checkpoint stays the baton."""
+    push it never finished (upload, verify, pointer, read-back) instead of training its steps again.
+
+    Returns the pointer to resume from, and the folder the pushed checkpoint was moved to (where resuming
+    would download it; None if nothing was pushed). Anything doubtful leaves the local folder alone and
+    the pointer as it was: the verified checkpoint stays the baton."""
     local = _newest_local(s.run_dir / "ckpt", above=pointer["step"] if pointer else 0)
     if local is None:
-        return pointer
+        return pointer, None
+    verified = f"the verified step {pointer['step']}" if pointer else "step 0 (the store has no checkpoint)"
     try:
         st = ckstate.read_state(local)
         step = int(local.name[len("step-"):])
         if st["step"] != step or not _continues(s, st, pointer):
             log.info("%s does not continue the store's %s (another line of work); not pushed", local,
                      f"step {pointer['step']}" if pointer else "run, which has no checkpoint")
-            return pointer
+            return pointer, None
         _check_drift(s, st)
     except ResumeError as e:
         log.warning("not pushing %s, left by an earlier session: %s", local, e)
-        return pointer
+        return pointer, None
     log.info("checkpoint step %d was saved on this disk by a session that ended before the store verified it: "
              "finishing its push", step)
     try:
-        push_checkpoint(s.store, s.run, local, step, st["cursor"], s.cfg.store.verify, s.cfg.store.keep_last)
+        push_checkpoint(s.store, s.run, local, step, st["cursor"], s.cfg.store.verify, s.cfg.store.keep_last,
+                        keep_local=True)
     except BatonError as e:
-        log.warning("could not finish the push of %s (%s); resuming from the verified step %d and keeping it",
-                    local, e, pointer["step"])
-        return pointer
-    return read_pointer(s.store, s.run) or pointer
+        log.warning("could not finish the push of %s (%s); resuming from %s and keeping it", local, e, verified)
+        return pointer, None
+    new = read_pointer(s.store, s.run)
+    if new is None or new["step"] != step:
+        raise ResumeError(f"pushed checkpoint step {step}, but the pointer then read {new and new['step']}")
+    # The verified copy is the one the resume would download: it moves where the download would put it.
+    folder = s.run_dir / "resume" / f"step-{step}{dist.node_suffix()}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(local, folder)
+    return new, folder
 
 
 def _continues(s: Session, st: dict[str, Any], pointer: dict[str, Any] | None) -> bool:

@@ -170,8 +170,10 @@ def push_folder(store: Store, local: Path, prefix: str, mode: str) -> tuple[dict
 
 
 def push_checkpoint(store: Store, run: str, local: Path, step: int, cursor: dict[str, Any], mode: str = "sample",
-                    keep_last: int = 2, complete: bool = False, extra: dict[str, Any] | None = None) -> PushResult:
-    """The full cycle for one checkpoint folder. Raises (leaving pointer and local copy) on any failure."""
+                    keep_last: int = 2, complete: bool = False, extra: dict[str, Any] | None = None,
+                    keep_local: bool = False) -> PushResult:
+    """The full cycle for one checkpoint folder. Raises (leaving pointer and local copy) on any failure.
+    ``keep_local``: the verified local copy stays (for a caller about to load it)."""
     t0 = time.perf_counter()
     path = ckpt_path(step)
     files, timings = push_folder(store, local, f"{run}/{path}", mode)
@@ -184,7 +186,8 @@ def push_checkpoint(store: Store, run: str, local: Path, step: int, cursor: dict
     timings["pointer"] = time.perf_counter() - t
     # Verified and committed: now, and only now, the local copy may go.
     try:
-        shutil.rmtree(local)
+        if not keep_local:
+            shutil.rmtree(local)
     except OSError as e:
         log.warning("checkpoint step %d is verified, but its local copy %s could not be removed (%s)", step, local, e)
     faults.point("prune", step)

@@ -52,13 +52,16 @@ def test_the_next_session_finishes_the_push_and_loses_no_step(zygote, make_confi
     cfg = make_config()
     _killed_before_the_pointer(zygote, cfg, tmp_path)
     assert json.loads((store / "test" / "latest.json").read_text())["step"] == 2
-    assert (runs / "test" / "ckpt" / "step-4" / "state.json").is_file()
+    saved = (runs / "test" / "ckpt" / "step-4" / "model.safetensors").stat().st_ino
 
     again = zygote.run(["train", "-c", cfg, *ARGS], tmp_path / "out")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "checkpoint step 4 was saved on this disk by a session that ended before the store verified it" \
         in again.stderr
     assert "resumed at step 4" in again.stderr
+    # Loaded from the very files just verified, not downloaded again.
+    assert (runs / "test" / "resume" / "step-4" / "model.safetensors").stat().st_ino == saved
+    assert not (runs / "test" / "ckpt" / "step-4").exists()
     steps = [json.loads(line)["step"] for line in (runs / "test" / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 9))
     a, b = _final(store, "ref"), _final(store, "test")
