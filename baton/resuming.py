@@ -136,7 +136,7 @@ def _finish_interrupted_push(s: Session, pointer: dict[str, Any] | None
                      f"step {pointer['step']}" if pointer else "run, which has no checkpoint")
             return pointer, None
         _check_drift(s, st)
-    except ResumeError as e:
+    except Exception as e:  # noqa: BLE001 - a folder that cannot be judged is not pushed; the pointer stays
         log.warning("not pushing %s, left by an earlier session: %s", local, e)
         return pointer, None
     log.info("checkpoint step %d was saved on this disk by a session that ended before the store verified it: "

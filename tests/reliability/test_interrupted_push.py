@@ -9,6 +9,7 @@ import shutil
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -68,19 +69,24 @@ def test_the_next_session_finishes_the_push_and_loses_no_step(zygote, make_confi
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_local_checkpoint_off_the_pointers_line_is_left_alone(zygote, make_config, tmp_path):
+@pytest.mark.parametrize("damage", ["other parent", "no config", "not json"])
+def test_a_local_checkpoint_off_the_pointers_line_or_unreadable_is_left_alone(damage, zygote, make_config,
+                                                                              tmp_path):
     store, runs = tmp_path / "store", tmp_path / "runs"
     cfg = make_config()
     _killed_before_the_pointer(zygote, cfg, tmp_path)
-    # Its parent no longer names the pointer's checkpoint: as if another session had moved the run on.
     state = runs / "test" / "ckpt" / "step-4" / "state.json"
     st = json.loads(state.read_text())
-    st["parent"]["model_sha256"] = "0" * 64
-    state.write_text(json.dumps(st))
+    if damage == "other parent":  # as if another session had moved the run on
+        st["parent"]["model_sha256"] = "0" * 64
+    elif damage == "no config":
+        del st["config"]["model"]
+    state.write_text(json.dumps(st) if damage != "not json" else "{half a state")
 
     again = zygote.run(["train", "-c", cfg, *ARGS, "--stop-after-steps", "3"], tmp_path / "out")
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "does not continue the store's step 2" in again.stderr
+    assert "Traceback" not in again.stderr
+    assert ("does not continue the store's step 2" if damage == "other parent" else "not pushing") in again.stderr
     assert "resumed at step 2" in again.stderr
     assert json.loads((store / "test" / "latest.json").read_text())["step"] == 3
     assert state.is_file()  # left alone, not deleted either: it is not ours to judge
