@@ -115,6 +115,7 @@ def resume_session(s: Session) -> None:
         (s.run_dir / "metrics.jsonl").write_bytes((folder / ckstate.METRICS_FILE).read_bytes())
     log.info("resumed at step %d (samples consumed %d)", s.step, cursor.samples_consumed)
 
+
 def _finish_interrupted_push(s: Session, pointer: dict[str, Any] | None
                              ) -> tuple[dict[str, Any] | None, Path | None]:
     """Rank 0: a session killed after saving a checkpoint and before the store verified it leaves the
@@ -165,8 +166,9 @@ def _continues(s: Session, st: dict[str, Any], pointer: dict[str, Any] | None) -
     if pointer is not None:
         return st.get("parent") == ckstate.lineage(pointer["step"], pointer["files"])
     session = st.get("session")
-    return st.get("parent") is None and isinstance(session, str) and re.fullmatch(r"[A-Za-z0-9-]+", session) \
-        is not None and s.store.read_text(ledger_key(s.run, session)) is not None
+    if st.get("parent") is not None or not isinstance(session, str) or not re.fullmatch(r"[A-Za-z0-9-]+", session):
+        return False
+    return s.store.read_text(ledger_key(s.run, session)) is not None
 
 
 def _newest_local(folder: Path, above: int) -> Path | None:
@@ -181,6 +183,7 @@ def _fresh_metrics(s: Session) -> None:
     # Rows left by a session killed before its first verified checkpoint describe lost work.
     if s.dist.is_main:
         (s.run_dir / "metrics.jsonl").unlink(missing_ok=True)
+
 
 def _check_drift(s: Session, st: dict[str, Any]) -> None:
     """Refuse a checkpoint made for another model, geometry or data (every difference in one message)."""
