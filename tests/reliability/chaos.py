@@ -155,6 +155,7 @@ class Chaos:
         self.rng, self.overrides, self.pause, self.random_window = rng, list(overrides), pause, random_window
         self.log = log
         self.report = Report()
+        self.leftover: list[str] = []  # targets a completed round did not reach: the next round aims them first
 
     # ---- the store, read independently
     def pointer(self, run: str) -> dict[str, Any] | None:
@@ -288,7 +289,7 @@ class Chaos:
         """Train ``run`` to completion with up to ``kills`` kills. Returns the final pointer's step or None."""
         v = self.report.violations
         highest: int | None = None  # the highest pointer step seen: it may never go back or vanish
-        queue = list(targets)
+        queue, self.leftover = self.leftover + list(targets), []
         done_kills, n = 0, 0
         while True:
             n += 1
@@ -338,6 +339,7 @@ class Chaos:
             if n > kills * 4 + 50:
                 v.append(f"{run}: no completion after {n} sessions")
                 return None
+        self.leftover = queue
         self.report.rounds_completed += 1
         return before["step"]
 
