@@ -105,6 +105,16 @@ def delete_prefix(store: Store, prefix: str) -> None:
     delete_keys(store, sorted(store.list(prefix, checksums=False)))
 
 
+def decode_text(data: bytes | None, key: str, where: str) -> str | None:
+    """A text object's bytes as ``read_text`` returns them: None stays None (no such object)."""
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise StoreError(f"{key} in {where} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
 @contextmanager
 def _this_disk(local: Path) -> Iterator[None]:
     """An OSError in here is about our own disk: it must not be retried or blamed on the store."""

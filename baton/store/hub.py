@@ -27,7 +27,7 @@ from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, Revi
 from huggingface_hub.utils import build_hf_headers, disable_progress_bars, get_session, hf_raise_for_status
 
 from ..errors import ConfigError, StoreError
-from .base import ObjectInfo, RangeRead, safe_key, write_download
+from .base import ObjectInfo, RangeRead, decode_text, safe_key, write_download
 from .retry import RetryPolicy, Transient, call
 
 
@@ -217,17 +217,14 @@ class HubStore:
                          f"baton: delete {folder}", f"delete of {folder}")
 
     def read_text(self, key: str) -> str | None:
-        def read() -> str | None:
+        def read() -> bytes | None:
             r = self._get(key)
             if r.status_code == 404 and r.headers.get("X-Error-Code") != "RepoNotFound":
                 return None
             hf_raise_for_status(r)
-            return r.content.decode("utf-8")
+            return r.content
 
-        try:
-            return self._call(read, f"read of {key}")
-        except UnicodeDecodeError as e:
-            raise StoreError(f"{key} in {self.describe()} is not UTF-8 text ({e.reason})") from None
+        return decode_text(self._call(read, f"read of {key}"), key, self.describe())
 
     def write_text(self, key: str, text: str) -> None:
         data = text.encode("utf-8")

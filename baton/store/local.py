@@ -23,7 +23,7 @@ from typing import BinaryIO, Callable
 
 from ..errors import StoreError
 from ..hashing import sha256_file
-from .base import ObjectInfo, RangeRead, safe_key, write_download
+from .base import ObjectInfo, RangeRead, decode_text, safe_key, write_download
 from .retry import RetryPolicy, Transient, call
 
 # errno values a mount that is flapping or gone produces; everything else is a property of the folder.
@@ -204,16 +204,14 @@ class LocalStore:
     def read_text(self, key: str) -> str | None:
         p = self._path(key)
 
-        def read() -> str | None:
+        def read() -> bytes | None:
             self._check_root()
             try:
-                return p.read_text(encoding="utf-8")
+                return p.read_bytes()
             except FileNotFoundError:
                 return None
-            except UnicodeDecodeError as e:
-                raise StoreError(f"could not read {key} from {self.describe()}: {e}") from None
 
-        return self._call(read, f"read of {key}")
+        return decode_text(self._call(read, f"read of {key}"), key, self.describe())
 
     def write_text(self, key: str, text: str) -> None:
         p = self._path(key)

@@ -26,7 +26,7 @@ import botocore.session
 from botocore.config import Config
 
 from ..errors import ConfigError, StoreError
-from .base import ObjectInfo, RangeRead, safe_key, write_download
+from .base import ObjectInfo, RangeRead, decode_text, safe_key, write_download
 from .retry import RetryPolicy, Transient, call
 
 MULTIPART_THRESHOLD = 1 << 30  # single PUTs stop at 5 GiB; parts also make a retry cheaper
@@ -289,19 +289,16 @@ class S3Store:
                 raise StoreError(f"could not delete {e.get('Key')} in {self.describe()}: {e.get('Code')}")
 
     def read_text(self, key: str) -> str | None:
-        def read() -> str | None:
+        def read() -> bytes | None:
             try:
                 r = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
             except bx.ClientError as e:
                 if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                     return None
                 raise
-            return r["Body"].read().decode("utf-8")
+            return r["Body"].read()
 
-        try:
-            return self._call(read, f"read of {key}")
-        except UnicodeDecodeError as e:
-            raise StoreError(f"{key} in {self.describe()} is not UTF-8 text ({e.reason})") from None
+        return decode_text(self._call(read, f"read of {key}"), key, self.describe())
 
     def write_text(self, key: str, text: str) -> None:
         import hashlib

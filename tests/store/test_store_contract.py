@@ -85,6 +85,15 @@ def test_text_objects_and_pointer_read_back(backend):
     assert json.loads(store.read_text(f"run/{POINTER}")) == pointer
 
 
+def test_a_text_object_that_is_not_utf8_is_named_not_decoded(backend, tmp_path):
+    (tmp_path / "latin1").write_bytes(b'{"step": 3, "note": "caf\xe9"}')
+    backend.store.put_file(tmp_path / "latin1", "run/latest.json", sha((tmp_path / "latin1").read_bytes()))
+    with pytest.raises(StoreError) as err:
+        backend.store.read_text("run/latest.json")
+    assert str(err.value) == (f"run/latest.json in {backend.store.describe()} is not UTF-8 text "
+                              "(invalid continuation byte at byte 24)")
+
+
 def test_delete(backend, tmp_path):
     store = backend.store
     make_files(tmp_path / "d", {"a.bin": 50, "b.bin": 60})
