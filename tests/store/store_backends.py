@@ -132,7 +132,27 @@ def raw_s3_client(endpoint: str):
     return _RAW[endpoint]
 
 
-class S3Backend(Backend):
+class ProxiedBackend(Backend):
+    """An HTTP backend that baton reaches through a FaultyProxy (``self.proxy``): its faults are the proxy's."""
+
+    def fault(self, kind: str, **kw) -> Fault:
+        match = kw.pop("match", None) or (lambda m, p: True)
+        return self.proxy.add(Fault(kind, match=match, **kw))
+
+    def clear_faults(self) -> None:
+        self.proxy.clear()
+
+    def go_down(self) -> None:
+        self.proxy.add(Fault("drop"))
+
+    def come_back(self) -> None:
+        self.proxy.clear()
+
+    def close(self) -> None:
+        self.proxy.stop()
+
+
+class S3Backend(ProxiedBackend):
     kind = "s3"
 
     def __init__(self, moto_url: str, retry: RetryPolicy, name: str = ""):
@@ -165,24 +185,8 @@ class S3Backend(Backend):
     def remove(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._k(key))
 
-    def fault(self, kind: str, **kw) -> Fault:
-        match = kw.pop("match", None) or (lambda m, p: True)
-        return self.proxy.add(Fault(kind, match=match, **kw))
 
-    def clear_faults(self) -> None:
-        self.proxy.clear()
-
-    def go_down(self) -> None:
-        self.proxy.add(Fault("drop"))
-
-    def come_back(self) -> None:
-        self.proxy.clear()
-
-    def close(self) -> None:
-        self.proxy.stop()
-
-
-class HubBackend(Backend):
+class HubBackend(ProxiedBackend):
     kind = "hub"
 
     def __init__(self, hub, retry: RetryPolicy, name: str = ""):
@@ -202,19 +206,3 @@ class HubBackend(Backend):
 
     def remove(self, key: str) -> None:
         self.hub.remove(self.repo, key)
-
-    def fault(self, kind: str, **kw) -> Fault:
-        match = kw.pop("match", None) or (lambda m, p: True)
-        return self.proxy.add(Fault(kind, match=match, **kw))
-
-    def clear_faults(self) -> None:
-        self.proxy.clear()
-
-    def go_down(self) -> None:
-        self.proxy.add(Fault("drop"))
-
-    def come_back(self) -> None:
-        self.proxy.clear()
-
-    def close(self) -> None:
-        self.proxy.stop()

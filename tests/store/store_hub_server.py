@@ -25,9 +25,11 @@ import re
 import threading
 import uuid
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from store_servers import LocalHTTPServer, read_chunked
 
 LFS_MIN = 10 << 20
 
@@ -55,39 +57,15 @@ class Entry:
         return git_oid(pointer.encode())
 
 
-class HubServer:
+class HubServer(LocalHTTPServer):
     def __init__(self, root: Path, token: str | None = None):
+        super().__init__()
         self.root = root
         self.token = token or "hf_test_" + uuid.uuid4().hex
         self.repos: dict[str, dict[str, Entry]] = {}
         self.blobs: dict[str, bytes] = {}
         self.commits: dict[str, int] = {}
         self.lock = threading.Lock()
-        hub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                hub._dispatch(self)
-
-            do_POST = do_PUT = do_HEAD = do_DELETE = do_GET
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-
-    def start(self) -> "HubServer":
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
     # ------------------------------------------------------------------------------------ hooks
     def create_repo(self, repo: str) -> None:
@@ -121,7 +99,7 @@ class HubServer:
             del self.repos[repo][path]
 
     # --------------------------------------------------------------------------------- serving
-    def _dispatch(self, h: BaseHTTPRequestHandler) -> None:
+    def handle(self, h: BaseHTTPRequestHandler) -> None:
         url = urlsplit(h.path)
         path, query = url.path, {k: v[-1] for k, v in parse_qs(url.query).items()}
         body = _read_body(h) if h.command in ("POST", "PUT") else b""
@@ -313,17 +291,9 @@ class HubServer:
 
 
 def _read_body(h: BaseHTTPRequestHandler) -> bytes:
-    if h.headers.get("Transfer-Encoding", "").lower() != "chunked":
-        return h.rfile.read(int(h.headers.get("Content-Length") or 0))
-    parts = []
-    while True:
-        size = int(h.rfile.readline().split(b";")[0].strip() or b"0", 16)
-        if size == 0:
-            while h.rfile.readline() not in (b"\r\n", b"\n", b""):
-                pass
-            return b"".join(parts)
-        parts.append(h.rfile.read(size))
-        h.rfile.readline()
+    if h.headers.get("Transfer-Encoding", "").lower() == "chunked":
+        return read_chunked(h)
+    return h.rfile.read(int(h.headers.get("Content-Length") or 0))
 
 
 def _utf8(sample: bytes) -> bool:

@@ -69,6 +69,54 @@ class MotoServer:
                 self.proc.wait()
 
 
+class LocalHTTPServer:
+    """A threaded HTTP/1.1 server on 127.0.0.1 that hands every request, whatever its method, to ``handle``;
+    the base of the test servers here (the proxy, the Hub)."""
+
+    def __init__(self) -> None:
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def do_GET(self) -> None:
+                owner.handle(self)
+
+            do_PUT = do_POST = do_DELETE = do_HEAD = do_GET
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def handle(self, h: BaseHTTPRequestHandler) -> None:
+        raise NotImplementedError
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def read_chunked(h: BaseHTTPRequestHandler) -> bytes:
+    """A request body sent with ``Transfer-Encoding: chunked``, trailers skipped."""
+    parts = []
+    while True:
+        size = int(h.rfile.readline().split(b";")[0].strip() or b"0", 16)
+        if size == 0:
+            while h.rfile.readline() not in (b"\r\n", b"\n", b""):
+                pass
+            return b"".join(parts)
+        parts.append(h.rfile.read(size))
+        h.rfile.readline()
+
+
 HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "trailer", "upgrade"}
 
 
@@ -96,39 +144,15 @@ class Seen:
     at: float = field(default_factory=time.monotonic)
 
 
-class FaultyProxy:
+class FaultyProxy(LocalHTTPServer):
     """A threaded HTTP/1.1 reverse proxy to ``upstream`` with switchable faults."""
 
     def __init__(self, upstream: str) -> None:
+        super().__init__()
         self.upstream = urlsplit(upstream)
         self.faults: list[Fault] = []
         self.seen: list[Seen] = []
         self.lock = threading.Lock()
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:  # quiet
-                pass
-
-            def do_GET(self) -> None:
-                proxy._handle(self)
-
-            do_PUT = do_POST = do_DELETE = do_HEAD = do_GET
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-
-    def start(self) -> "FaultyProxy":
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
     def add(self, fault: Fault) -> Fault:
         with self.lock:
@@ -150,7 +174,7 @@ class FaultyProxy:
         return None
 
     # ------------------------------------------------------------------------------ forwarding
-    def _handle(self, h: BaseHTTPRequestHandler) -> None:
+    def handle(self, h: BaseHTTPRequestHandler) -> None:
         method, path = h.command, h.path
         seen = Seen(method, path)
         with self.lock:
@@ -219,16 +243,7 @@ class FaultyProxy:
     def _read_body(self, h: BaseHTTPRequestHandler, fault: Fault | None) -> bytes | None:
         slow = fault.slow_seconds_per_mb if fault is not None and fault.kind == "slow" else 0.0
         if h.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            parts = []
-            while True:
-                size = int(h.rfile.readline().split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    while h.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass
-                    break
-                parts.append(h.rfile.read(size))
-                h.rfile.readline()
-            return b"".join(parts)
+            return read_chunked(h)
         length = int(h.headers.get("Content-Length") or 0)
         chunks, left = [], length
         while left:
