@@ -1,12 +1,12 @@
 # Two commands do all the set-up on a fresh machine with Python >= 3.10:
 #   make demo   install, then prepare + train + sample the embedded default (configs/tiny.toml)
-#   make test   install, then run the test suite
+#   make test   install, then lint (make lint) and run the test suite
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install bench clean
+.PHONY: demo test lint install bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,11 @@ demo: $(STAMP)
 	$(BIN)/baton train --config configs/tiny.toml
 	$(BIN)/baton sample --from runs/tiny/final --prompt "def " --max-new-tokens 48
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy baton
+
+test: lint
 	$(BIN)/python -m pytest -q
 
 clean:

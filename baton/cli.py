@@ -274,9 +274,8 @@ def cmd_verify_data(args) -> int:
 
 
 def cmd_data_info(args) -> int:
-    from .data.reader import WindowDataset
-
     from .data.geometry import COLLISION_AUTO_BYTES, COLLISION_K, Geometry, prefix_collisions
+    from .data.reader import WindowDataset
 
     cfg = _load(args)
     ds = WindowDataset(cfg.data.dir, cfg.data.seq_len, cfg.data.shuffle_seed, cfg.data.val_windows)

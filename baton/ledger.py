@@ -121,7 +121,7 @@ class SessionLedger:
 
 def _keys(store: Store, prefix: str) -> list[str]:
     try:
-        listing = store.list(prefix, checksums=False)  # type: ignore[call-arg]
+        listing = store.list(prefix, checksums=False)
     except TypeError:  # a backend without the checksums switch
         listing = store.list(prefix)
     return sorted(listing)

@@ -9,8 +9,9 @@ model and optimizer, which the ordinary checkpoint and export code then writes.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -46,8 +47,11 @@ class Parallel:
             no_sync_buffers = ({"forward_sync_buffers": False} if "forward_sync_buffers" in params
                                else {"broadcast_buffers": False})
             return DDP(model, device_ids=ids, **no_sync_buffers), optimizer
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
-                                                             set_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+            set_optimizer_state_dict,
+        )
         from torch.distributed.fsdp import fully_shard
 
         full = StateDictOptions(full_state_dict=True)
@@ -77,8 +81,12 @@ class Parallel:
         """
         if not self.sharded:
             return (getattr(model, "module", model), optimizer) if self.rank == 0 else None
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                             get_optimizer_state_dict, set_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+            set_optimizer_state_dict,
+        )
 
         gathered = StateDictOptions(full_state_dict=True, cpu_offload=True)
         msd = get_model_state_dict(model, options=gathered)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F

@@ -22,7 +22,7 @@ import torch
 
 from . import checkpointing, dist, memory, perf
 from .checkpoint.cycle import PushResult
-from .checkpoint.pusher import PushFailed, Pusher
+from .checkpoint.pusher import Pusher, PushFailed
 from .config import Config
 from .data.reader import WindowDataset
 from .drift import tokenizer_sha256

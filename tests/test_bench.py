@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from baton.bench import MiB, Cell, _is_oom, estimate_bytes, overrides, parse_size, pick
+from baton.bench import Cell, MiB, _is_oom, estimate_bytes, overrides, parse_size, pick
 from baton.config import load_config
 from baton.errors import BatonError
 

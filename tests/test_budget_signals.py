@@ -8,10 +8,10 @@ import sys
 import time
 
 import pytest
+from helpers import read_metrics
 
 from baton.budget import TimeBudget
 from baton.hashing import sha256_file
-from helpers import read_metrics
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 BUDGET_S = 20

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import read_metrics
 
 from baton.config import ModelConfig, load_config
 from baton.data import reader as reader_mod
@@ -15,7 +16,6 @@ from baton.data.reader import WindowDataset
 from baton.flops import flops_per_token, matmul_params, mfu, peak_flops
 from baton.model import build_model
 from baton.perf import choose_micro_batch, micro_batch_candidates, micro_loss_fn, resolve
-from helpers import read_metrics
 
 REF = ModelConfig(n_layers=22, hidden=576, n_heads=9, n_kv_heads=3, ffn=1536, vocab_size=49152,
                   tie_embeddings=True, max_seq_len=2048)

@@ -9,8 +9,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from baton.errors import BatonError
-from baton.plan import (HOUR, PlanInput, Quota, capacity, parse_count, parse_hours, parse_instant, parse_margin, plan,
-                        session_seconds)
+from baton.plan import (
+    HOUR,
+    PlanInput,
+    Quota,
+    capacity,
+    parse_count,
+    parse_hours,
+    parse_instant,
+    parse_margin,
+    plan,
+    session_seconds,
+)
 from baton.tripwires import apply_tripwires, evaluate_tripwires, parse_tripwire
 
 TPS = 262_144  # 4 x 1024 x 32 x 2 ranks

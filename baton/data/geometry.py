@@ -102,7 +102,8 @@ def prefix_collisions(ds, k: int = COLLISION_K) -> int:
             step = (L * arr.itemsize, arr.itemsize)
             scan(np.lib.stride_tricks.as_strided(base[a * L :], shape=(count, k), strides=step, writeable=False))
     # The few windows whose first k tokens cross a shard boundary.
-    gaps, expected = [], 0
+    gaps: list[int] = []
+    expected = 0
     for first, last in spans:
         gaps += range(expected, first)
         expected = last + 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ class Journal:
             return None
         return parsed[0]["header"], parsed[1:]
 
-    def write(self, header: dict[str, Any], records: list[dict[str, Any]] = ()) -> None:
+    def write(self, header: dict[str, Any], records: Sequence[dict[str, Any]] = ()) -> None:
         """Start (or rewrite, after dropping records) the journal atomically."""
         tmp = self.path.with_name(JOURNAL + ".tmp")
         with open(tmp, "w", encoding="utf-8") as f:

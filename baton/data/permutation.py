@@ -80,7 +80,7 @@ class Permutation:
         return x
 
     def _decrypt(self, y: np.ndarray) -> np.ndarray:
-        for hb, lb, lo_mask, hi_mask, k in reversed(self._np_rounds):
+        for hb, lb, _lo_mask, hi_mask, k in reversed(self._np_rounds):
             lo = y >> hb
             z = _mix(lo, k)
             z &= hi_mask

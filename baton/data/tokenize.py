@@ -117,7 +117,7 @@ def _encode(docs: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     encs = s["encode"](docs, add_special_tokens=False)
     lens = np.empty(len(docs), dtype=np.int64)
     dropped = np.zeros(len(docs), dtype=bool)
-    pieces = []
+    pieces: list[np.ndarray] = []
     eos = np.array([s["eos"]], dtype=dtype)
     for k, e in enumerate(encs):
         ids = np.array(e.ids, dtype=dtype)

@@ -12,6 +12,7 @@ import logging
 import platform
 import shutil
 import time
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -45,9 +46,9 @@ def parse_stages(text: str | None) -> list[str]:
     return [s for s in STAGES if s in chosen]  # always in the cheap-first order
 
 
-def run_preflight(config: str, out: Path, stages: list[str], scale: str = "tiny", overrides: list[str] = (),
+def run_preflight(config: str, out: Path, stages: list[str], scale: str = "tiny", overrides: Sequence[str] = (),
                   store_url: str | None = None, leg_steps: int | None = None, session_hours: float = 12.0,
-                  keep_work: bool = False, resume_overrides: list[str] = ()) -> dict[str, Any]:
+                  keep_work: bool = False, resume_overrides: Sequence[str] = ()) -> dict[str, Any]:
     if scale not in ("tiny", "real"):
         raise BatonError(f"--scale must be tiny or real, got {scale!r}")
     out.mkdir(parents=True, exist_ok=True)

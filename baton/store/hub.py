@@ -31,7 +31,6 @@ from .base import ObjectInfo, RangeRead, decode_text, safe_key, write_download
 from .retry import RetryPolicy, Transient, call
 
 
-
 def _git_oid(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
@@ -53,7 +52,7 @@ class HubStore:
 
     @classmethod
     def from_url(cls, url: str, retry: RetryPolicy | None = None, endpoint: str | None = None,
-                 token: str | None = None) -> "HubStore":
+                 token: str | None = None) -> HubStore:
         parts = urlsplit(url)
         if parts.username or parts.password or "@" in parts.netloc:
             raise ConfigError("store.url must not carry a token; set HF_TOKEN or run `hf auth login`")

@@ -17,9 +17,10 @@ import hashlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 from ..errors import StoreError
 from ..hashing import sha256_file

@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from ..errors import StoreError
 
@@ -35,7 +36,7 @@ class RetryPolicy:
     request_timeout: float = 120.0
 
     @classmethod
-    def from_config(cls, store) -> "RetryPolicy":
+    def from_config(cls, store) -> RetryPolicy:
         """From a ``StoreConfig`` (``retries``, ``retry_seconds``, ``request_timeout``)."""
         return cls(attempts=store.retries, max_seconds=store.retry_seconds, request_timeout=store.request_timeout)
 

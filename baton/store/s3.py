@@ -89,7 +89,7 @@ class S3Store:
                                      getattr(frozen, "token", None)) if s and len(s) >= 8]
 
     @classmethod
-    def from_url(cls, url: str, retry: RetryPolicy | None = None) -> "S3Store":
+    def from_url(cls, url: str, retry: RetryPolicy | None = None) -> S3Store:
         parts = urlsplit(url)
         if parts.username or parts.password or "@" in parts.netloc:
             raise ConfigError("store.url must not carry credentials; set AWS_ACCESS_KEY_ID / "

@@ -15,7 +15,7 @@ from baton.data.reader import WindowDataset
 
 SEQ, GB, MB, WORLD = 32, 64, 16, 2
 
-RESUMED = """
+RESUMED = f"""
 import hashlib, json, sys
 from baton.data.reader import Cursor, WindowDataset
 results = []
@@ -26,13 +26,13 @@ for folder, val, saved, steps in json.loads(sys.stdin.read()):
     out = []
     for step in range(cursor.step, cursor.step + steps):
         h = hashlib.sha256()
-        for rank in range({world}):
-            for x, y in ds.rank_micro_batches(step, {gb}, {mb}, rank, {world}):
+        for rank in range({WORLD}):
+            for x, y in ds.rank_micro_batches(step, {GB}, {MB}, rank, {WORLD}):
                 h.update(x.numpy().tobytes()); h.update(y.numpy().tobytes())
         out.append(h.hexdigest())
     results.append(out)
 print(json.dumps(results))
-""".format(world=WORLD, gb=GB, mb=MB)
+"""
 
 
 def _digests(ds: WindowDataset, first: int, count: int) -> list[str]:

@@ -52,8 +52,9 @@ def _digest(n: int, seed: int, epoch: int) -> str:
 
 def test_identical_across_processes():
     cases = [(100_000, 7, 0), (100_000, 7, 3), (10**10, 1234, 0), (2**33 + 1, 5, 1)]
-    code = ("import json, sys; sys.path.insert(0, %r); from test_data_permutation import _digest; "
-            "print(json.dumps([_digest(*c) for c in %r]))" % (str(__import__('pathlib').Path(__file__).parent), cases))
+    here = str(__import__('pathlib').Path(__file__).parent)
+    code = (f"import json, sys; sys.path.insert(0, {here!r}); from test_data_permutation import _digest; "
+            f"print(json.dumps([_digest(*c) for c in {cases!r}]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out) == [_digest(*c) for c in cases]
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
+from helpers import write_config
 
 from baton.hashing import sha256_file
-from helpers import TEST_TOML, write_config
 
 
 @dataclass

@@ -11,9 +11,8 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from helpers import read_metrics
+from safetensors.torch import load_file
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])

@@ -67,11 +67,12 @@ def _child(req: dict) -> None:
 
 def serve() -> None:
     # Import everything a training run needs, but compute nothing: no thread pools exist at fork time.
+    import transformers.models.llama.modeling_llama  # noqa: F401
+
     import baton.checkpoint.cycle  # noqa: F401
     import baton.cli  # noqa: F401
     import baton.export  # noqa: F401
     import baton.train  # noqa: F401
-    import transformers.models.llama.modeling_llama  # noqa: F401
 
     try:
         import boto3  # noqa: F401
@@ -125,7 +126,7 @@ class Zygote:
             raise RuntimeError("the zygote died")
         return json.loads(line)
 
-    def spawn(self, argv: list[str], out_dir: Path, env: dict | None = None, cwd: Path | None = None) -> "Child":
+    def spawn(self, argv: list[str], out_dir: Path, env: dict | None = None, cwd: Path | None = None) -> Child:
         self.count += 1
         out_dir.mkdir(parents=True, exist_ok=True)
         out, err = out_dir / f"p{self.count:03d}.out", out_dir / f"p{self.count:03d}.err"
@@ -133,7 +134,7 @@ class Zygote:
                          "out": str(out), "err": str(err)})["pid"]
         return Child(self, pid, out, err)
 
-    def run(self, argv: list[str], out_dir: Path, env: dict | None = None, timeout: float = 300) -> "Result":
+    def run(self, argv: list[str], out_dir: Path, env: dict | None = None, timeout: float = 300) -> Result:
         return self.spawn(argv, out_dir, env).wait(timeout)
 
     def close(self) -> None:

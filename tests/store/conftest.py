@@ -16,7 +16,6 @@ from store_servers import FaultyProxy, MotoServer  # noqa: E402
 from baton.store import RetryPolicy  # noqa: E402,F401
 
 
-
 @pytest.fixture(autouse=True)
 def aws_env(monkeypatch, tmp_path_factory):
     """Test credentials only, no ~/.aws of the machine running the tests, and no Xet uploads."""

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from baton.checkpoint.pusher import PushFailed, Pusher
+from baton.checkpoint.pusher import Pusher, PushFailed
 
 
 def test_one_push_in_flight_and_in_order():

@@ -14,9 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load
-
 from helpers import assert_tensors_equal, read_metrics, store_checkpoint_tensors, write_config
+from safetensors.torch import load
 
 ROOT = Path(__file__).resolve().parents[2]
 CADENCE = ["--set", "train.ckpt_every=4", "--no-progress"]
