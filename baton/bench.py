@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from .config import Config
 from .errors import BatonError
-from .model import build_model, param_count
+from .model.llama import build_model, param_count
 
 log = logging.getLogger(__name__)
 GiB = 1024**3

@@ -440,8 +440,8 @@ def _semantic_problems(cfg: Config) -> list[str]:
 
 def _budget_text_problems(b: BudgetConfig) -> list[str]:
     from .errors import BatonError
-    from .plan import parse_instant
-    from .tripwires import parse_tripwire
+    from .planning.plan import parse_instant
+    from .planning.tripwires import parse_tripwire
 
     out = []
     try:

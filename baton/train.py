@@ -14,12 +14,14 @@ from typing import Any
 
 import torch
 
-from . import dist, faults, finishing
+from . import faults
 from .config import Config
 from .errors import BatonError
-from .parallel import norm_value
-from .schedule import lr_factor
-from .session import Session
+from .model.schedule import lr_factor
+from .runtime import dist
+from .runtime.parallel import norm_value
+from .session import finish as finishing
+from .session.core import Session
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from safetensors.torch import save_file  # noqa: E402
 from baton.checkpoint.cycle import push_checkpoint  # noqa: E402
 from baton.checkpoint.pusher import Pusher  # noqa: E402
 from baton.config import ModelConfig  # noqa: E402
-from baton.model import build_model  # noqa: E402
+from baton.model.llama import build_model  # noqa: E402
 from baton.store.local import LocalStore  # noqa: E402
 
 REF_PARAMS = 106_194_240

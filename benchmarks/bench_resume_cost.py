@@ -50,7 +50,7 @@ def make_checkpoint(cfg_path: Path, run: str, step: int) -> None:
     import logging
 
     from baton.config import load_config
-    from baton.session import Session
+    from baton.session.core import Session
 
     logging.getLogger("baton").setLevel(logging.WARNING)
     cfg = load_config(cfg_path, [f"run.name={run}"])
@@ -110,7 +110,7 @@ def hf_worker(args) -> None:
 
     from baton.config import load_config
     from baton.data.reader import WindowDataset
-    from baton.model import build_model
+    from baton.model.llama import build_model
 
     cfg = load_config(args.config)
     ds = WindowDataset(cfg.data.dir, SEQ, 0, 0)

@@ -40,9 +40,9 @@ def main() -> None:
     import torch.nn.functional as F
 
     from baton.config import load_config
-    from baton.model import build_model
-    from baton.schedule import lr_factor
-    from baton.session import Session, adamw
+    from baton.model.llama import build_model
+    from baton.model.schedule import lr_factor
+    from baton.session.core import Session, adamw
     from baton.train import train
 
     work = default_work_dir() if args.work is None else __import__("pathlib").Path(args.work)

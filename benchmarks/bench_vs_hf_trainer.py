@@ -41,7 +41,7 @@ def make_trainer(cfg, out: Path, steps: int, callback):
     from transformers import Trainer, TrainingArguments
 
     from baton.data.reader import WindowDataset
-    from baton.model import build_model
+    from baton.model.llama import build_model
 
     ds = WindowDataset(cfg.data.dir, cfg.data.seq_len, cfg.data.shuffle_seed, cfg.data.val_windows)
 
@@ -86,7 +86,7 @@ def main() -> None:
     from transformers import TrainerCallback
 
     from baton.config import load_config
-    from baton.session import Session
+    from baton.session.core import Session
     from baton.train import train
 
     logging.getLogger("baton").setLevel(logging.WARNING)

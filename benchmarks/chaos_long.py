@@ -5,7 +5,7 @@ It trains the embedded default (configs/tiny.toml, with a checkpoint every 2 ste
 the checkpoint cycle comes round often) in four arrangements: {local store, S3 test server} x {background
 push (the default), synchronous push}, a quarter of the kills each. Each run is killed, resumed, killed
 again until it completes; each completed run must equal an uninterrupted one exactly (weights, optimizer
-moments, metrics, validation loss). The harness and the invariants are tests/reliability/chaos.py; the
+moments, metrics, validation loss). The harness and the invariants are tests/support/chaos.py; the
 bounded version of this is tests/reliability/test_chaos.py.
 
 Requirements: the test extras (``pip install -e '.[test]'``: boto3, moto[server]).
@@ -27,11 +27,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-for sub in ("tests", "tests/reliability", "tests/store"):
-    sys.path.insert(0, str(ROOT / sub))
+sys.path.insert(0, str(ROOT / "tests"))
 
-from chaos import AIMED, PHASES, Chaos, LocalView, S3View, compare_runs  # noqa: E402
-from zygote import Zygote  # noqa: E402
+from support.chaos import AIMED, PHASES, Chaos, LocalView, S3View, compare_runs  # noqa: E402
+from support.zygote import Zygote  # noqa: E402
 
 KEY, SECRET = "AKIDBATONCHAOSLONG01", "batonChaosLongFakeSecret"
 
@@ -62,7 +61,7 @@ def main() -> int:
     for k in unset:
         os.environ.pop(k, None)
 
-    from store_servers import MotoServer
+    from support.store_servers import MotoServer
 
     zygote, moto = Zygote(env=env, unset=unset), MotoServer().start()
     t_start = time.time()
@@ -135,7 +134,7 @@ def main() -> int:
 def _config(work: Path, small: bool) -> str:
     if not small:
         return str(ROOT / "configs" / "tiny.toml")
-    from helpers import write_config
+    from support.helpers import write_config
 
     return str(write_config(work / "small.toml", data_dir=work / "data", store=work / "local-store",
                             runs=work / "runs", run_name="small"))

@@ -14,7 +14,7 @@ that fits, probed at start, accumulation making up the 128 samples). Each varian
   eager      eager attention (what configs/ref-106m.toml uses on Turing)
 
 Per variant it prints and saves: micro-batch and accumulation chosen, steady tokens/s (median over the
-measured steps), MFU = tokens/s x FLOPs per token / peak (baton/flops.py), peak memory allocated.
+measured steps), MFU = tokens/s x FLOPs per token / peak (baton/runtime/flops.py), peak memory allocated.
 
 Requirements on the GPU machine: torch with CUDA, transformers >= 5, safetensors, tokenizers, numpy, tqdm
 (no network: nothing is downloaded; the corpus is synthetic and baton is imported from this checkout).
@@ -61,7 +61,7 @@ def worker(args) -> dict:
     import torch
 
     from baton.config import load_config
-    from baton.session import Session
+    from baton.session.core import Session
     from baton.train import train_step
 
     logging.getLogger("baton").setLevel(logging.INFO)

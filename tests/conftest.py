@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from support.helpers import write_config
 
-from helpers import write_config  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")

@@ -100,7 +100,7 @@ def _bill(ctx: Context, name: str, started: float, result: StageResult) -> None:
     """Every stage is a billed session in the run's ledger, failed ones too."""
     import torch
 
-    from ..ledger import SessionLedger
+    from ..planning.ledger import SessionLedger
     from ..store import open_store
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0

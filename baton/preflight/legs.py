@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from ..checkpoint.resume import read_pointer
-from ..model import param_count
+from ..checkpoint.pull import read_pointer
+from ..model.llama import param_count
 from ..store import delete_prefix, open_store
 from .core import Context, StageResult, finite, timed
 
@@ -31,7 +31,7 @@ def _fail_detail(p) -> str:
 @timed
 def stage_throughput(ctx: Context) -> StageResult:
     from ..bench import pick, run_grid
-    from ..plan import PlanInput, plan
+    from ..planning.plan import PlanInput, plan
 
     r = StageResult("throughput")
     cfg = ctx.scaled

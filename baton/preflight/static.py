@@ -9,13 +9,13 @@ import time
 import torch
 
 from ..checkpoint.cycle import push_checkpoint
-from ..checkpoint.resume import pull_checkpoint, read_pointer
+from ..checkpoint.pull import pull_checkpoint, read_pointer
 from ..checkpoint.state import rng_state, save_checkpoint
 from ..data.manifest import verify_manifest
 from ..data.reader import Cursor, WindowDataset, prefix_collisions
-from ..model import build_model, count_parameters, param_count
-from ..schedule import decay_begin, lr_factor, plateau_share
-from ..session import adamw, check_precision
+from ..model.llama import build_model, count_parameters, param_count
+from ..model.schedule import decay_begin, lr_factor, plateau_share
+from ..session.core import adamw, check_precision
 from ..store import delete_prefix, open_store
 from .core import Context, StageResult, timed
 

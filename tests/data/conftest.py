@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from mixdata import write_mix, write_mix_config  # noqa: E402
+from support.mixdata import write_mix, write_mix_config
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from mixdata import write_mix_config
 
 from baton.config import load_config
 from baton.data.decontam import Decontaminator
@@ -13,6 +12,7 @@ from baton.data.manifest import load_manifest
 from baton.data.prepare import prepare
 from baton.data.sources import SourceReader
 from baton.data.tokenize import load_tokenizer
+from support.mixdata import write_mix_config
 
 N = 13
 

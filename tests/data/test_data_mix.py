@@ -7,13 +7,12 @@ import json
 import math
 import shutil
 
-from helpers import read_metrics
-from mixdata import write_mix_config
-
 from baton.config import load_config
 from baton.data.manifest import load_manifest
 from baton.data.prepare import prepare
 from baton.hashing import sha256_file
+from support.helpers import read_metrics
+from support.mixdata import write_mix_config
 
 CAP = 1500
 

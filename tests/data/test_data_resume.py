@@ -10,11 +10,10 @@ import sys
 import time
 from pathlib import Path
 
-from mixdata import write_mix_config
-
 from baton.config import load_config
 from baton.data.journal import JOURNAL
 from baton.data.prepare import prepare
+from support.mixdata import write_mix_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-from mixdata import stdlib_documents, write_mix_config
 
 from baton.config import SourceConfig, load_config
 from baton.data.manifest import load_manifest
@@ -16,6 +15,7 @@ from baton.data.prepare import prepare
 from baton.data.reader import TokenStream
 from baton.data.sources import SourceReader
 from baton.errors import DataError
+from support.mixdata import stdlib_documents, write_mix_config
 
 DOCS = stdlib_documents(120, 40)
 assert len(DOCS) == 40

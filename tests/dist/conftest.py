@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from distrun import ACCUM2, Run, Runs
+from support.distrun import ACCUM2, Run, Runs
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,8 @@ import subprocess
 import sys
 import time
 
-from baton.launch import LaunchSpec, parse_rank_log, torchrun_command
-from distrun import ROOT, rank_env
+from baton.runtime.launch import LaunchSpec, parse_rank_log, torchrun_command
+from support.distrun import ROOT, rank_env
 
 # Gloo notices a dead peer as soon as its socket closes and torchrun tears the group down on the first
 # failed worker; the collective timeout (train.dist_timeout) is only the last resort. Generous for a

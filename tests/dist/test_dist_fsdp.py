@@ -7,8 +7,8 @@ differences in the last bits, so the trace is compared with the DDP run within t
 
 from __future__ import annotations
 
-from distrun import ACCUM2, assert_close_trace
-from helpers import store_checkpoint_tensors
+from support.distrun import ACCUM2, assert_close_trace
+from support.helpers import store_checkpoint_tensors
 
 # Two micro-batches per rank: the first accumulates without reduce-scatter, the second reduces.
 FSDP = ("--set", "train.parallel=fsdp", *ACCUM2)

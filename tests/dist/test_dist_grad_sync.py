@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as tdist
 
-from baton.parallel import Parallel
+from baton.runtime.parallel import Parallel
 
 
 @pytest.fixture

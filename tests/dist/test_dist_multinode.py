@@ -7,7 +7,7 @@ same run (``stop2_nodes``) is the 2-rank checkpoint that the resume tests in tes
 
 from __future__ import annotations
 
-from distrun import assert_exact_trace
+from support.distrun import assert_exact_trace
 
 
 def test_two_nodes_by_rendezvous_train_exactly_like_two_local_ranks(stop2_nodes, ref2):

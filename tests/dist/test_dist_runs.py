@@ -17,9 +17,9 @@ import sys
 import time
 
 from baton.faults import PAUSE_ENV, TRACE_ENV
-from distrun import (ACCUM2, GLOBAL_BATCH, ROOT, Run, assert_close_trace, assert_complete_and_verified,
+from support.distrun import (ACCUM2, GLOBAL_BATCH, ROOT, Run, assert_close_trace, assert_complete_and_verified,
                      assert_exact_trace, baton_train, expected_batch_shas, rank_env)
-from helpers import assert_tensors_equal, store_checkpoint_tensors
+from support.helpers import assert_tensors_equal, store_checkpoint_tensors
 
 
 def test_two_ranks_match_one_rank(ref2, ref1, prepared_data):

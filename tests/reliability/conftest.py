@@ -3,18 +3,16 @@ and fake, recognisable store credentials that must never appear in any output.""
 
 from __future__ import annotations
 
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "store"))  # the S3 test server of the store tests
+from support.fake_credentials import FAKE_HF_TOKEN, FAKE_KEY, FAKE_SECRET
+from support.zygote import Zygote
 
-from fake_credentials import FAKE_HF_TOKEN, FAKE_KEY, FAKE_SECRET  # noqa: E402
-from zygote import Zygote  # noqa: E402
+HERE = Path(__file__).resolve().parent
+
 
 # Variables of the machine running the tests that would point boto3 elsewhere.
 UNSET = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
@@ -37,7 +35,7 @@ def zygote(fake_env):
 
 @pytest.fixture(scope="session")
 def moto():
-    from store_servers import MotoServer
+    from support.store_servers import MotoServer
 
     server = MotoServer().start()
     yield server

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import write_config
 
 from baton.hashing import sha256_file
+from support.helpers import write_config
 
 
 @dataclass

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import random
 
-from chaos import AIMED, PHASES, Chaos, LocalView, S3View, compare_runs
-from fake_credentials import FAKE_KEY, FAKE_SECRET
+from support.chaos import AIMED, PHASES, Chaos, LocalView, S3View, compare_runs
+from support.fake_credentials import FAKE_KEY, FAKE_SECRET
 
 CADENCE = 2
 STEPS = 48

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from baton.drift import ALLOWABLE, validate_allowed
+from baton.checkpoint.drift import ALLOWABLE, validate_allowed
 from baton.errors import BatonError
 
 

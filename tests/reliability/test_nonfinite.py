@@ -11,8 +11,9 @@ import json
 
 import pytest
 import torch
-from helpers import read_metrics
 from safetensors.torch import load_file
+
+from support.helpers import read_metrics
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])

@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from chaos import LocalView, S3View
-from fake_credentials import FAKE_KEY, FAKE_SECRET, SECRETS
+from support.chaos import LocalView, S3View
+from support.fake_credentials import FAKE_KEY, FAKE_SECRET, SECRETS
 
 
 def _leaks(blobs: dict[str, bytes]) -> list[str]:

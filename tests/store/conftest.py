@@ -3,17 +3,11 @@ handle per store kind that the contract and tamper tests are parametrized over."
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from store_backends import AWS_TEST_KEY, AWS_TEST_SECRET, FAST_RETRY, HubBackend, LocalBackend, S3Backend  # noqa: E402
-from store_servers import FaultyProxy, MotoServer  # noqa: E402
-
-from baton.store import RetryPolicy  # noqa: E402,F401
+from baton.store import RetryPolicy
+from support.store_backends import AWS_TEST_KEY, AWS_TEST_SECRET, FAST_RETRY, HubBackend, LocalBackend, S3Backend
+from support.store_servers import FaultyProxy, MotoServer
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +37,7 @@ def moto_server():
 
 @pytest.fixture(scope="session")
 def hub_server(tmp_path_factory):
-    from store_hub_server import HubServer
+    from support.store_hub_server import HubServer
 
     server = HubServer(tmp_path_factory.mktemp("hub-data")).start()
     yield server

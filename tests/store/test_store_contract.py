@@ -9,11 +9,11 @@ import os
 from pathlib import Path
 
 import pytest
-from store_backends import AWS_TEST_KEY, AWS_TEST_SECRET
 
 from baton.checkpoint.cycle import POINTER, push_checkpoint, write_pointer
 from baton.errors import StoreError
 from baton.store import delete_prefix, put_files
+from support.store_backends import AWS_TEST_KEY, AWS_TEST_SECRET
 
 
 def make_files(folder: Path, sizes: dict[str, int], seed: int = 0) -> dict[str, bytes]:

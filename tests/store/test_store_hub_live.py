@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from baton.checkpoint.cycle import POINTER, push_checkpoint
-from baton.checkpoint.resume import pull_checkpoint, read_pointer
+from baton.checkpoint.pull import pull_checkpoint, read_pointer
 from baton.store import delete_prefix
 
 REPO = os.environ.get("BATON_HUB_TEST_REPO")

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from baton.checkpoint.cycle import POINTER, push_checkpoint
-from baton.checkpoint.resume import pull_checkpoint, read_pointer
+from baton.checkpoint.pull import pull_checkpoint, read_pointer
 from baton.errors import ResumeError
 
 FILES = {"model.safetensors": 150_000, "optimizer.safetensors": 120_000, "state.json": 80}

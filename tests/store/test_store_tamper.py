@@ -11,7 +11,7 @@ import random
 import pytest
 
 from baton.checkpoint.cycle import POINTER, local_manifest, push_checkpoint, push_folder, read_windows, verify_remote
-from baton.checkpoint.resume import read_pointer
+from baton.checkpoint.pull import read_pointer
 from baton.errors import ResumeError, StoreError, VerificationError
 from baton.store import RetryPolicy
 

@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import assert_tensors_equal, read_metrics, store_checkpoint_tensors, write_config
 from safetensors.torch import load
+
+from support.helpers import assert_tensors_equal, read_metrics, store_checkpoint_tensors, write_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CADENCE = ["--set", "train.ckpt_every=4", "--no-progress"]

@@ -1,0 +1,163 @@
+"""What a resume may change, and the one message that lists everything it may not.
+
+A checkpoint's weights, optimizer moments and data cursor mean something only for the model shape, the
+batch geometry and the data they were made with. A resume that changes one of those would quietly become
+a different run, so it is refused with a single message that lists every difference, old and new (a
+user fixes them all in one go). Changes that are legitimate pass and are logged: a longer horizon, a
+different world size (accumulation is derived), the learning rate of the decay tail, the precision, the
+store. A few are legitimate only on purpose and pass with ``baton train --allow-change KEY``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import BatonError, DataError, ResumeError
+from ..hashing import sha256_file
+
+log = logging.getLogger(__name__)
+
+# The checkpoint's tensors do not fit another shape, and its cursor counts samples of this geometry
+# (samples consumed = step x global batch of seq_len windows): never allowed.
+SHAPE_KEYS = ("model.n_layers", "model.hidden", "model.n_heads", "model.n_kv_heads", "model.ffn",
+              "model.vocab_size", "model.tie_embeddings")
+GEOMETRY_KEYS = ("data.seq_len", "train.global_batch")
+TOKENS_PER_STEP = "tokens per step"
+
+# Allowed with --allow-change KEY: the run goes on meaningfully, but it is no longer the run it was.
+ALLOWABLE = {
+    "model.rope_theta": "the RoPE base (e.g. to extend the context)",
+    "data.shuffle_seed": "the order of the windows from here on",
+    "data.val_windows": "the validation hold-out (and with it the window order)",
+    "data.fingerprint": "the corpus (other or more prepared data)",
+    "data.tokenizer": "the tokenizer file (sha256)",
+    "data.permutation": "the window order itself",
+}
+
+# Config keys compared on resume (the others are free to change, and changes are logged).
+FROZEN_KEYS = SHAPE_KEYS + ("model.rope_theta",) + GEOMETRY_KEYS + ("data.shuffle_seed", "data.val_windows")
+# Config keys whose change says nothing about the run itself; not even logged.
+QUIET = {"run.local_dir", "data.dir", "train.log_every", "train.threads"}
+
+
+@dataclass(frozen=True)
+class Difference:
+    key: str
+    old: Any
+    new: Any
+
+    def __str__(self) -> str:
+        return f"{self.key}: checkpoint {_show(self.old)}, now {_show(self.new)}"
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v):
+        return f"sha256 {v[:12]}…"
+    return repr(v)
+
+
+def _get(d: dict[str, Any], key: str) -> Any:
+    sec, name = key.split(".", 1)
+    return (d.get(sec) or {}).get(name)
+
+
+def tokenizer_sha256(data_dir: str | Path, manifest: dict[str, Any]) -> str:
+    """The sha256 of the data folder's tokenizer file, which must exist and match the manifest."""
+    name = (manifest.get("tokenizer") or {}).get("file", "tokenizer.json")
+    path = Path(data_dir) / name
+    if not path.is_file():
+        raise DataError(f"{path} is missing: the tokenizer of the prepared data is needed to export the model "
+                        "(rerun `baton prepare`, or copy the tokenizer back)")
+    digest = sha256_file(path)
+    want = (manifest.get("tokenizer") or {}).get("sha256")
+    if want and digest != want:
+        raise DataError(f"{path} has sha256 {digest[:12]}…, but the manifest says {want[:12]}…: the tokenizer "
+                        "was replaced after the data was prepared (restore it, or rerun `baton prepare --force`)")
+    return digest
+
+
+def state_data(cfg_dict: dict[str, Any], fingerprint: str, tok_sha256: str) -> dict[str, Any]:
+    """What a checkpoint records about its data, for the next resume to compare."""
+    t, d = cfg_dict["train"], cfg_dict["data"]
+    return {"fingerprint": fingerprint, "tokenizer_sha256": tok_sha256,
+            "tokens_per_step": t["global_batch"] * d["seq_len"]}
+
+
+def differences(state: dict[str, Any], new_cfg: dict[str, Any], fingerprint: str, permutation: str,
+                tok_sha256: str) -> list[Difference]:
+    """Every difference between the checkpoint and this session that would make it a different run."""
+    old_cfg = state.get("config") or {}
+    out = [Difference(k, _get(old_cfg, k), _get(new_cfg, k)) for k in FROZEN_KEYS
+           if _get(old_cfg, k) != _get(new_cfg, k)]
+    try:
+        old_tps = _get(old_cfg, "train.global_batch") * _get(old_cfg, "data.seq_len")
+    except TypeError:
+        old_tps = None
+    new_tps = new_cfg["train"]["global_batch"] * new_cfg["data"]["seq_len"]
+    if old_tps != new_tps:
+        out.append(Difference(TOKENS_PER_STEP, old_tps, new_tps))
+    cursor = state.get("cursor") or {}
+    data = state.get("data") or {}
+    if cursor.get("dataset_fingerprint") != fingerprint:
+        out.append(Difference("data.fingerprint", cursor.get("dataset_fingerprint"), fingerprint))
+    if data.get("tokenizer_sha256") and data["tokenizer_sha256"] != tok_sha256:
+        out.append(Difference("data.tokenizer", data["tokenizer_sha256"], tok_sha256))
+    # The order's identity follows from the seed, the hold-out and the corpus; named only when none of
+    # those explains a change (a different permutation algorithm).
+    explained = {d.key for d in out} & {"data.shuffle_seed", "data.val_windows", "data.fingerprint", "data.seq_len"}
+    if cursor.get("permutation_fingerprint") != permutation and not explained:
+        out.append(Difference("data.permutation", cursor.get("permutation_fingerprint"), permutation))
+    return out
+
+
+def check_resume(state: dict[str, Any], new_cfg: dict[str, Any], total_steps: int, fingerprint: str,
+                 permutation: str, tok_sha256: str,
+                 allowed: set[str] | frozenset[str] = frozenset()) -> list[Difference]:
+    """Refuse a resume that drifts (one message, every difference); returns the differences allowed."""
+    diffs = differences(state, new_cfg, fingerprint, permutation, tok_sha256)
+    step = state.get("step")
+    refused = [d for d in diffs if d.key not in allowed]
+    if refused:
+        could = [d.key for d in refused if d.key in ALLOWABLE]
+        fix = "restore them, or start a new run.name"
+        if could:
+            fix += f"; if intended, pass --allow-change for {', '.join(could)}"
+        raise ResumeError(f"refusing to resume: the checkpoint at step {step} differs from this config in what "
+                          f"makes it the same run: {'; '.join(str(d) for d in diffs)} ({fix})")
+    if isinstance(step, int) and total_steps < step:
+        raise ResumeError(f"the horizon is {total_steps} steps but the checkpoint is at step {step} (raise "
+                          "train.steps or train.target_tokens, or start a new run.name)")
+    if diffs:
+        log.warning("resuming with changes allowed by --allow-change: %s", "; ".join(str(d) for d in diffs))
+    for key in sorted(set(allowed) - {d.key for d in diffs}):
+        log.info("--allow-change %s: nothing to allow, it is unchanged", key)
+    old_cfg = state.get("config") or {}
+    free = [Difference(f"{sec}.{name}", old, new_cfg[sec][name])
+            for sec, values in old_cfg.items() if isinstance(values, dict) and isinstance(new_cfg.get(sec), dict)
+            for name, old in values.items()
+            if name in new_cfg[sec] and old != new_cfg[sec][name] and f"{sec}.{name}" not in FROZEN_KEYS
+            and f"{sec}.{name}" not in QUIET]
+    if free:
+        log.info("resuming with changed settings: %s", "; ".join(str(d) for d in free))
+    return [d for d in diffs if d.key in allowed]
+
+
+def validate_allowed(keys: list[str] | tuple[str, ...]) -> set[str]:
+    """The --allow-change keys, or one error naming every key that cannot be allowed and why."""
+    problems = []
+    for k in keys:
+        if k in ALLOWABLE:
+            continue
+        if k in SHAPE_KEYS:
+            problems.append(f"{k} cannot change on resume (the checkpoint's weights have its shape)")
+        elif k in GEOMETRY_KEYS or k == TOKENS_PER_STEP:
+            problems.append(f"{k} cannot change on resume (the data cursor counts samples of this size)")
+        else:
+            problems.append(f"{k} is not a key --allow-change knows")
+    if problems:
+        raise BatonError("--allow-change: " + "; ".join(problems) + f" (allowable: {', '.join(ALLOWABLE)}; other "
+                         "settings such as train.steps, optim.lr or the number of ranks may change without it)")
+    return set(keys)

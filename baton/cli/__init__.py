@@ -1,0 +1,368 @@
+"""`baton`: one command, one subcommand per job. User errors exit 2 with one line, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from .. import __version__
+from ..errors import BatonError
+
+log = logging.getLogger("baton")
+
+
+def _config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--config", "-c", required=required, help="TOML config file (see configs/)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set optim.lr=3e-4 (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="baton", description="Pretrain small Llama models across interruptible "
+                                     "sessions; the baton is the last verified checkpoint in the store.")
+    parser.add_argument("--version", action="version", version=f"baton {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("prepare", help="tokenize the configured sources into shards and a manifest")
+    _config_args(p)
+    p.add_argument("--force", action="store_true", help="prepare again even when the folder matches the config")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("train", help="resume from the store and train to the next stop boundary")
+    _config_args(p)
+    p.add_argument("--resume", default="auto", metavar="auto|never|PATH",
+                   help="auto: continue from the store's pointer, or start at step 0 when there is none; "
+                        "never: start fresh (refused when the store already holds the run); PATH: a local "
+                        "checkpoint folder")
+    p.add_argument("--stop-after-steps", type=int, default=None, metavar="N",
+                   help="end this session at step N (checkpoint included)")
+    p.add_argument("--verify", choices=("sample", "full"), default=None,
+                   help="read-back after each push: sample (start, end and a random window of every file) or "
+                        "full (every byte); shorthand for --set store.verify=...")
+    p.add_argument("--allow-change", action="append", default=[], metavar="KEY",
+                   help="resume although KEY differs from the checkpoint, on purpose (repeatable; one of "
+                        "data.fingerprint, data.tokenizer, data.shuffle_seed, data.val_windows, data.permutation, "
+                        "model.rope_theta)")
+    p.add_argument("--micro-batch", default=None, metavar="N|auto",
+                   help="samples per forward/backward (same as --set train.micro_batch=...); auto: on a GPU, the "
+                        "largest that fits, probed at start, with the global batch kept by accumulation")
+    p.add_argument("--session-hours", default=None, metavar="H",
+                   help="time budget: stop at the last step boundary that leaves time for the final checkpoint "
+                        "within H hours of this command starting (9h, 90m, 2.5); default budget.session_hours")
+    p.add_argument("--deadline", default=None, metavar="TIME",
+                   help="time budget as an instant (ISO 8601, e.g. 2026-09-26T18:00Z); the earlier of the two wins")
+    p.add_argument("--session-start", type=float, default=None, help=argparse.SUPPRESS)  # set by the launcher
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="processes on this machine, one per GPU (launches torchrun when N > 1 or with --nnodes)")
+    g = p.add_argument_group("multi-node (passed to torchrun; see README 'Multi-GPU and multi-node')")
+    g.add_argument("--nnodes", default="1", metavar="N|MIN:MAX", help="number of nodes (default 1)")
+    g.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                   help="c10d rendezvous endpoint, the same on every node")
+    g.add_argument("--rdzv-id", default=None, metavar="ID", help="job id shared by all nodes (default: run name)")
+    g.add_argument("--rdzv-backend", default="c10d", metavar="NAME", help="rendezvous backend (default c10d)")
+    g.add_argument("--master-addr", default=None, metavar="HOST",
+                   help="static rendezvous instead: the address of node 0 (needs --node-rank)")
+    g.add_argument("--master-port", type=int, default=None, metavar="PORT", help="static rendezvous port")
+    g.add_argument("--node-rank", type=int, default=None, metavar="R", help="this node's rank (static rendezvous)")
+    g.add_argument("--shutdown-timeout", type=int, default=300, metavar="S",
+                   help="seconds the ranks get to checkpoint after a stop signal before torchrun kills them")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("export", help="write the model as a Hugging Face folder")
+    _config_args(p)
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--from", dest="source", default="store",
+                   help="'store' (the run's latest verified checkpoint) or a local checkpoint folder")
+
+    p = sub.add_parser("sample", help="generate text from an exported model folder")
+    p.add_argument("--from", dest="source", required=True, help="an exported model folder (baton export, or "
+                   "<run dir>/final)")
+    p.add_argument("--prompt", default="def ", help="text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 for greedy decoding")
+    p.add_argument("--seed", type=int, default=0)
+
+    p = sub.add_parser("verify-data", help="rehash every shard and check the manifest")
+    _config_args(p, required=False)
+    p.add_argument("--dir", help="data folder: a local path or a store URL (file://, s3://, hf://); "
+                   "default: data.dir of the config")
+    p.add_argument("--workers", type=int, default=0, help="files hashed at once (default: 2 per core, at most 16)")
+
+    p = sub.add_parser("data-info", help="tokens, windows, horizon and margin for the config")
+    _config_args(p)
+    p.add_argument("--collisions", choices=("auto", "on", "off"), default="auto",
+                   help="count validation windows whose first 64 tokens match a training window's "
+                        "(auto: when the shards are under 2 GiB)")
+
+    from .plan import add_plan_parsers
+
+    add_plan_parsers(sub, _config_args)
+
+    p = sub.add_parser("preflight", help="prove every property on this machine, cheaply, and write a report")
+    _config_args(p)
+    p.add_argument("--out", required=True, help="folder for report.md, preflight.json and plots")
+    p.add_argument("--stages", default=None, help="comma-separated subset of construct,data,storage,throughput,"
+                   "resume,stop_probe (default: all, in that order)")
+    p.add_argument("--scale", default="tiny", choices=("tiny", "real"),
+                   help="tiny: a small stand-in model proves the pipeline; real: the configured shape")
+    p.add_argument("--store", default=None, help="store URL for the scratch runs (default: store.url)")
+    p.add_argument("--leg-steps", type=int, default=None, help="steps per resume leg (default 4 tiny, 2 real)")
+    p.add_argument("--session-hours", type=float, default=12.0, help="session length for the plan")
+    p.add_argument("--keep-work", action="store_true", help="keep the scratch run folders")
+    p.add_argument("--resume-set", dest="resume_overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="a change planned between sessions, applied to every resumed leg: proves the resume "
+                        "still reads the same data (or shows that it is refused)")
+
+    p = sub.add_parser("config", help="print the resolved config as JSON, or the reference table")
+    _config_args(p, required=False)
+    p.add_argument("--reference", action="store_true", help="print every key with its default and meaning")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from ..runtime import logs
+
+    rank = int(os.environ.get("RANK", 0))
+    logs.setup(rank)
+    status = 1
+    try:
+        status = COMMANDS[args.command](args)
+    except BatonError as e:
+        # Every rank prints its own error; ranks other than 0 say which they are.
+        print(f"{f'[rank {rank}] ' if rank else ''}baton: error: {e}", file=sys.stderr)
+        logs.file_only(logging.ERROR, f"baton: error: {e}")
+        status = 2
+    except KeyboardInterrupt:
+        print("baton: interrupted", file=sys.stderr)
+        status = 130
+    except Exception as e:  # a bug or a dead peer: the full traceback, to this rank's log file and stderr
+        logs.log_failure(rank, e)
+        status = 1
+    logs.exit_record(rank, status)
+    return status
+
+
+def _load(args):
+    from ..config import load_config
+
+    return load_config(args.config, args.overrides)
+
+
+def cmd_prepare(args) -> int:
+    from ..data.prepare import prepare
+
+    cfg = _load(args)
+    m = prepare(cfg, force=args.force, progress=not args.no_progress)
+    print(f"prepared {cfg.data.dir}: {m['total_tokens']:,} tokens in {m['n_shards']} shards, "
+          f"vocab {m['tokenizer']['vocab_size']}, fingerprint {m['fingerprint']}")
+    return 0
+
+
+def cmd_train(args) -> int:
+    if args.micro_batch is not None:  # shorthand for --set train.micro_batch=N|auto, validated with the config
+        args.overrides = [*args.overrides, f"train.micro_batch={args.micro_batch}"]
+    if args.verify is not None:
+        args.overrides = [*args.overrides, f"store.verify={args.verify}"]
+    cfg = _load(args)
+    if args.stop_after_steps is not None and args.stop_after_steps <= 0:
+        raise BatonError(f"--stop-after-steps must be a positive step number, got {args.stop_after_steps}")
+    if args.nproc < 1:
+        raise BatonError(f"--nproc must be >= 1, got {args.nproc}")
+    from ..checkpoint.drift import validate_allowed
+
+    allow_change = tuple(sorted(validate_allowed(args.allow_change)))
+    from .plan import train_clock
+
+    # The budget counts from this command's start (the platform's clock), also for the ranks of a launch.
+    started, deadline = train_clock(args, cfg)
+    if "RANK" not in os.environ and (args.nproc > 1 or args.nnodes != "1" or args.rdzv_endpoint or args.master_addr):
+        return _launch_torchrun(args, cfg)
+    from ..runtime import logs
+    from ..train import run
+
+    # This rank's log file from the start, so a failure before training still lands in it.
+    logs.setup(int(os.environ.get("RANK", 0)), cfg.run_dir / "logs")
+
+    summary = run(cfg, resume=args.resume, stop_after=args.stop_after_steps, progress=not args.no_progress,
+                  deadline=deadline, started=started, allow_change=allow_change)
+    from ..runtime import dist
+
+    dist.shutdown()  # a clean exit leaves no process group behind (NCCL warns, and may hang, otherwise)
+    if summary.get("val_loss") is not None and int(os.environ.get("RANK", 0)) == 0:
+        print(f"final validation: loss {summary['val_loss']:.4f}, perplexity {summary['val_ppl']:.2f}")
+    return 0
+
+
+# Flags of `baton train` that configure the launcher; every other flag is passed on to each rank.
+_LAUNCH_DESTS = {"nproc", "nnodes", "rdzv_endpoint", "rdzv_id", "rdzv_backend", "master_addr", "master_port",
+                 "node_rank", "shutdown_timeout"}
+
+
+def _launch_torchrun(args, cfg) -> int:
+    """Re-run this command under torchrun with the training *module* (never the interpreter as a script)."""
+    from ..runtime.launch import LaunchSpec, check_geometry, launch
+
+    spec = LaunchSpec(nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
+                      master_port=args.master_port, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
+                      rdzv_backend=args.rdzv_backend, shutdown_timeout=args.shutdown_timeout)
+    spec.check()
+    check_geometry(spec, cfg.train.global_batch, cfg.train.micro_batch)
+    return launch(spec, _rank_argv(args), cfg.run_dir / "logs", cfg.run.name)
+
+
+def _rank_argv(args) -> list[str]:
+    """The train flags as given, minus the launcher's: rebuilt from the parser, so new flags pass on too."""
+    parser = build_parser()
+    train = next(a for a in parser._subparsers._group_actions if isinstance(a, argparse._SubParsersAction))
+    out: list[str] = []
+    for action in train.choices["train"]._actions:
+        if not action.option_strings or action.dest in _LAUNCH_DESTS or action.dest == "help":
+            continue
+        value, flag = getattr(args, action.dest, None), action.option_strings[-1]
+        if flag.startswith("-") and not flag.startswith("--"):
+            flag = next((o for o in action.option_strings if o.startswith("--")), flag)
+        if value is None or value == action.default:
+            continue
+        if isinstance(action, argparse._StoreTrueAction):
+            out.append(flag)
+        elif isinstance(action, argparse._StoreFalseAction):
+            out.append(flag)
+        elif isinstance(action, argparse._AppendAction):
+            for v in value:
+                out += [flag, str(v)]
+        elif isinstance(value, (list, tuple)):  # nargs
+            out += [flag, *map(str, value)]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def cmd_export(args) -> int:
+    from ..model.export import export_run
+
+    out = export_run(_load(args), args.source, Path(args.out))
+    print(f"exported to {out}")
+    return 0
+
+
+def cmd_sample(args) -> int:
+    from ..model.export import generate
+
+    print(generate(Path(args.source), args.prompt, args.max_new_tokens, args.temperature, args.seed))
+    return 0
+
+
+def cmd_verify_data(args) -> int:
+    from ..data.verify import verify_data
+
+    if args.dir:
+        folder = args.dir
+    elif args.config:
+        folder = _load(args).data.dir
+    else:
+        raise BatonError("verify-data needs --dir or --config")
+    report = verify_data(str(folder), args.workers)
+    for problem in report.problems:
+        print(f"MISMATCH {problem}")
+    print(report.summary())
+    return 0 if report.ok else 1
+
+
+def cmd_data_info(args) -> int:
+    from ..data.geometry import COLLISION_AUTO_BYTES, COLLISION_K, Geometry, prefix_collisions
+    from ..data.reader import WindowDataset
+
+    cfg = _load(args)
+    ds = WindowDataset(cfg.data.dir, cfg.data.seq_len, cfg.data.shuffle_seed, cfg.data.val_windows)
+    geo = Geometry.of(ds.stream.total, cfg.data.seq_len, ds.n_val, cfg.total_steps, cfg.tokens_per_step)
+    for line in geo.lines():
+        print(line)
+    nbytes = sum(a.nbytes for a in ds.stream.shards)
+    if args.collisions == "on" or (args.collisions == "auto" and nbytes <= COLLISION_AUTO_BYTES):
+        n = prefix_collisions(ds, COLLISION_K)
+        print(f"validation: {n} of {ds.n_val:,} held-out windows share their first {min(COLLISION_K, ds.seq_len)} "
+              "tokens with a training window")
+    else:
+        print("validation: prefix collisions not checked (the shards are large; pass --collisions on)")
+    dc = ds.manifest.get("decontamination")
+    if dc:
+        print(f"decontamination: {dc['dropped_documents']:,} documents ({dc['dropped_tokens']:,} tokens) dropped for "
+              f"sharing a {dc['ngram']}-token n-gram with {len(dc['texts'])} evaluation texts")
+    print(f"fingerprint {ds.fingerprint}, permutation {ds.permutation_fingerprint}")
+    return 0
+
+
+def cmd_config(args) -> int:
+    from ..config import config_json, reference_table
+
+    if args.reference:
+        print("| key | type | default | meaning |\n|---|---|---|---|")
+        for key, tp, default, meaning in reference_table():
+            tp, meaning = tp.replace("|", "\\|"), meaning.replace("|", "\\|")  # a pipe would split the cell
+            print(f"| `{key}` | {tp} | `{default}` | {meaning} |")
+        return 0
+    cfg = _load(args)  # without --config: the defaults, with the --set overrides applied and checked
+    print(config_json(cfg))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .plan import run_bench
+
+    return run_bench(args, _load(args))
+
+
+def cmd_plan(args) -> int:
+    from .plan import run_plan
+
+    return run_plan(args, _load(args) if args.config else None)
+
+
+def cmd_ledger(args) -> int:
+    from .status import run_ledger
+
+    return run_ledger(args, _load(args))
+
+
+def cmd_status(args) -> int:
+    from .status import run_status
+
+    return run_status(args, _load(args))
+
+
+def cmd_preflight(args) -> int:
+    from ..preflight import parse_stages, run_preflight
+
+    if args.leg_steps is not None and args.leg_steps < 1:
+        raise BatonError(f"--leg-steps must be >= 1, got {args.leg_steps}")
+    doc = run_preflight(args.config, Path(args.out), parse_stages(args.stages), args.scale, args.overrides,
+                        args.store, args.leg_steps, args.session_hours, args.keep_work, args.resume_overrides)
+    for row in doc["scorecard"]:
+        print(f"{row['n']:>2}. {row['result']:<10} {row['requirement']}")
+    stop = doc["stages"]["stop_probe"]["numbers"].get("verdict")
+    if stop:
+        print(stop)
+    print(f"VERDICT {doc['verdict']}  (report: {Path(args.out) / 'report.md'})")
+    return 0 if doc["verdict"] == "PASS" else 1
+
+
+COMMANDS = {
+    "bench": cmd_bench,
+    "plan": cmd_plan,
+    "ledger": cmd_ledger,
+    "status": cmd_status,
+    "prepare": cmd_prepare,
+    "train": cmd_train,
+    "export": cmd_export,
+    "sample": cmd_sample,
+    "verify-data": cmd_verify_data,
+    "data-info": cmd_data_info,
+    "config": cmd_config,
+    "preflight": cmd_preflight,
+}
+

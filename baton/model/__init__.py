@@ -1,0 +1,1 @@
+"""The model: the Llama network, its learning-rate schedule and its export."""

@@ -1,0 +1,90 @@
+"""Export a trained model as a Hugging Face folder that `from_pretrained` loads, and generate from it."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+from transformers import PreTrainedTokenizerFast
+
+from ..errors import BatonError
+
+
+def export_model(model: torch.nn.Module, tokenizer_file: Path, out: Path, eos_token: str,
+                 meta: dict[str, Any] | None = None) -> Path:
+    model = getattr(model, "module", model)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = copy.deepcopy(model.config)
+    eos_id = Tokenizer.from_file(str(tokenizer_file)).token_to_id(eos_token)
+    cfg.use_cache = True  # training turns the KV cache off; generation wants it
+    cfg.eos_token_id = cfg.bos_token_id = eos_id
+    cfg.pad_token_id = None
+    original = model.config
+    try:
+        model.config = cfg
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.eos_token_id = eos_id
+            model.generation_config.bos_token_id = eos_id
+        model.save_pretrained(str(out))
+    finally:
+        model.config = original
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file), eos_token=eos_token, bos_token=eos_token)
+    tok.save_pretrained(str(out))
+    (out / "baton.json").write_text(json.dumps(meta or {}, indent=1), encoding="utf-8")
+    return out
+
+
+def generate(folder: Path, prompt: str, max_new_tokens: int = 64, temperature: float = 0.8, seed: int = 0) -> str:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not (folder / "config.json").is_file():
+        raise BatonError(f"{folder} is not an exported model folder (run `baton export` first)")
+    if not any((folder / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json")):
+        raise BatonError(f"{folder} holds no model.safetensors: baton loads weights only from safetensors, never "
+                         "from pickle (.bin) files (export the model with `baton export`)")
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    model = AutoModelForCausalLM.from_pretrained(str(folder), use_safetensors=True)
+    model.eval()
+    torch.manual_seed(seed)
+    ids = tok(prompt or tok.eos_token, return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
+                             temperature=temperature if temperature > 0 else None, top_k=50 if temperature > 0 else None,
+                             pad_token_id=tok.eos_token_id)
+    return tok.decode(out[0], skip_special_tokens=False)
+
+
+def export_run(cfg, source: str, out: Path) -> Path:
+    """Export the run's latest verified checkpoint (``source='store'``) or a local checkpoint folder."""
+    import tempfile
+
+    from ..checkpoint.pull import pull_checkpoint, read_pointer
+    from ..checkpoint.state import load_weights, read_state
+    from ..config import config_from_dict
+    from ..data.manifest import load_manifest
+    from ..data.prepare import TOKENIZER_FILE
+    from ..store import RetryPolicy, open_store
+    from .llama import build_model
+
+    with tempfile.TemporaryDirectory(prefix="baton-export-") as tmp:
+        if source == "store":
+            store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
+            pointer = read_pointer(store, cfg.run.name)
+            if pointer is None:
+                raise BatonError(f"{store.describe()} holds no checkpoint for run {cfg.run.name!r} (train first)")
+            folder = pull_checkpoint(store, cfg.run.name, pointer, Path(tmp) / "ckpt")
+        else:
+            folder = Path(source)
+            if not folder.is_dir():
+                raise BatonError(f"--from {source}: no such checkpoint folder (use 'store' or a folder)")
+        state = read_state(folder)
+        saved = config_from_dict(state["config"])
+        model = build_model(saved.model, "cpu")
+        load_weights(folder, model)
+        manifest = load_manifest(cfg.data.dir)
+        return export_model(model, Path(cfg.data.dir) / TOKENIZER_FILE, out, manifest["tokenizer"]["eos_token"],
+                            meta={"run": cfg.run.name, "step": state["step"], "config": state["config"]})

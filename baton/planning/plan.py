@@ -1,0 +1,337 @@
+"""The session planner: from a horizon, a rate and a quota to sessions, a calendar and a bill.
+
+Pure arithmetic (no torch): every number `baton plan` prints comes from here, so the tests can check
+them exactly. Times are seconds internally and hours on output; instants are timezone-aware UTC.
+
+A session's wall clock is ``startup + steps x step_time + checkpoints x cycle_time``: one checkpoint at
+every multiple of ``ckpt_every`` inside the session, one at its end, and one more at the horizon for
+the exported model. A session must fit ``session_hours - margin``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from ..errors import BatonError
+
+HOUR = 3600.0
+
+
+# --------------------------------------------------------------------------------------- parsing
+
+
+def parse_hours(text: str | float, what: str = "duration") -> float:
+    """'9h', '90m', '45s', '1h30m' or a bare number of hours -> hours."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    s = text.strip().lower()
+    try:
+        return float(s)
+    except ValueError:
+        pass
+    parts = re.findall(r"(\d+(?:\.\d*)?|\.\d+)\s*(d|h|m|s)", s)
+    if not parts or re.sub(r"(\d+(?:\.\d*)?|\.\d+)\s*(d|h|m|s)", "", s).strip():
+        raise BatonError(f"{what} {text!r} is not a duration (examples: 9h, 90m, 1h30m, 45s, 2.5)")
+    unit = {"d": 24.0, "h": 1.0, "m": 1 / 60, "s": 1 / 3600}
+    return sum(float(n) * unit[u] for n, u in parts)
+
+
+def parse_margin(text: str, session_hours: float) -> float:
+    """'30%' of the session, or a duration -> hours."""
+    s = text.strip()
+    if s.endswith("%"):
+        try:
+            pct = float(s[:-1])
+        except ValueError:
+            raise BatonError(f"margin {text!r} is not a percentage (example: 30%)") from None
+        if not 0 <= pct < 100:
+            raise BatonError(f"margin {text!r} must be between 0% and 100%")
+        return session_hours * pct / 100
+    return parse_hours(s, "margin")
+
+
+def parse_count(text: str | int | float, what: str) -> int:
+    """'1e9', '0.9B', '900M', '262,144' -> int."""
+    if isinstance(text, (int, float)):
+        return int(text)
+    s = text.strip().replace(",", "").replace("_", "")
+    mult = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}.get(s[-1:].lower())
+    try:
+        value = float(s[:-1]) * mult if mult else float(s)
+    except ValueError:
+        raise BatonError(f"{what} {text!r} is not a number (examples: 1e9, 0.9B, 900M, 262144)") from None
+    return int(round(value))
+
+
+def parse_instant(text: str, what: str = "time") -> datetime:
+    """An ISO 8601 instant; 'Z' accepted; a naive time is taken as UTC."""
+    try:
+        t = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise BatonError(f"{what} {text!r} is not an ISO 8601 time (example: 2026-09-26T00:00Z)") from None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def iso(t: datetime) -> str:
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
+
+
+# ------------------------------------------------------------------------------------- the input
+
+
+@dataclass
+class PlanInput:
+    total_steps: int
+    tokens_per_step: int
+    rate: float  # tokens/s over all ranks, while stepping
+    session_hours: float  # the platform's session limit
+    margin_hours: float = 0.0  # kept free at the end of every session
+    startup_seconds: float = 0.0  # per session, before the first step (install, pull, build)
+    ckpt_seconds: float = 0.0  # one checkpoint cycle: save, push, verify, pointer, prune
+    ckpt_every: int = 0  # step cadence of intermediate checkpoints (0 = only at session ends)
+    start_step: int = 0
+    target_tokens: int = 0  # the goal the horizon was derived from (0 = the horizon itself)
+    quota_hours: float = 0.0  # billed hours per quota period (0 = no quota)
+    quota_period_hours: float = 168.0
+    quota_reset: datetime | None = None  # any instant at which the quota resets
+    used_hours: float = 0.0  # billed in the current period before the plan starts
+    cap_left_hours: float | None = None  # what a lifetime cap still allows (None = no cap)
+    bill_factor: float = 1.0  # billed hours per wall-clock hour (accelerators billed)
+    gap_hours: float = 0.0  # between one session's end and the next one's start
+    min_session_hours: float = 0.25  # shorter leftovers of a quota period are not worth a session
+    start: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    deadline: datetime | None = None
+
+    @property
+    def step_seconds(self) -> float:
+        return self.tokens_per_step / self.rate
+
+    @property
+    def usable_seconds(self) -> float:
+        return (self.session_hours - self.margin_hours) * HOUR
+
+    def check(self) -> None:
+        problems = []
+        if self.total_steps <= 0:
+            problems.append("the horizon must be at least one step")
+        if self.tokens_per_step <= 0:
+            problems.append("tokens per step must be > 0")
+        if not self.rate > 0:
+            problems.append("the rate must be > 0 tokens/s (measure it with baton bench, or pass --rate)")
+        if not self.session_hours > 0:
+            problems.append("the session length must be > 0 (--session-hours)")
+        elif self.margin_hours < 0 or self.margin_hours >= self.session_hours:
+            problems.append(f"the margin ({self.margin_hours:.2f} h) must be >= 0 and shorter than the session "
+                            f"({self.session_hours:.2f} h)")
+        if not 0 <= self.start_step <= self.total_steps:
+            problems.append(f"the start step {self.start_step} is outside 0..{self.total_steps}")
+        if min(self.startup_seconds, self.ckpt_seconds, self.ckpt_every, self.gap_hours, self.used_hours) < 0:
+            problems.append("startup, checkpoint time, cadence, gap and hours used must be >= 0")
+        if self.quota_hours < 0 or self.quota_period_hours <= 0 or self.bill_factor <= 0:
+            problems.append("quota hours must be >= 0, the quota period and the bill factor > 0")
+        if problems:
+            raise BatonError("cannot plan: " + "; ".join(problems))
+
+
+# ------------------------------------------------------------------------------------ the sessions
+
+
+def checkpoints_in(a: int, b: int, every: int, total: int) -> int:
+    """Checkpoint cycles a session over steps [a, b) runs: cadence ones inside, the end, the export."""
+    inner = (b - 1) // every - a // every if every > 0 else 0
+    return inner + 1 + (1 if b == total else 0)
+
+
+def session_seconds(inp: PlanInput, a: int, b: int) -> float:
+    return inp.startup_seconds + (b - a) * inp.step_seconds + checkpoints_in(a, b, inp.ckpt_every,
+                                                                           inp.total_steps) * inp.ckpt_seconds
+
+
+def capacity(inp: PlanInput, a: int, limit_seconds: float | None = None) -> int:
+    """The most steps a session starting at step ``a`` fits into ``limit_seconds`` (default: usable time)."""
+    limit = inp.usable_seconds if limit_seconds is None else limit_seconds
+    room = limit - inp.startup_seconds - inp.ckpt_seconds
+    if room < inp.step_seconds:
+        return 0
+    n = min(int(room // inp.step_seconds), inp.total_steps - a)
+    while n > 0 and session_seconds(inp, a, a + n) > limit:
+        n -= 1  # each cadence checkpoint inside costs one cycle; at most a few iterations
+    return n
+
+
+def split(inp: PlanInput, a: int, b: int) -> list[tuple[int, int]]:
+    """Contiguous step ranges covering [a, b), each fitting one session, as few as possible.
+
+    Equal sessions, the last running to ``b`` (it absorbs the division's remainder); when that makes
+    the last one too long, the remainder is spread one step each over the final sessions instead.
+    """
+    remaining = b - a
+    if remaining <= 0:
+        return []
+    cap = capacity(inp, a)
+    if cap == 0:
+        raise BatonError(
+            f"a session of {inp.session_hours:g} h minus {inp.margin_hours:g} h margin cannot fit one step "
+            f"({inp.step_seconds:.1f} s) plus startup and a checkpoint cycle: lengthen the session or shrink "
+            "the margin")
+    n = math.ceil(remaining / cap)
+    while True:
+        base, rest = divmod(remaining, n)
+        tail = [base] * (n - 1) + [base + rest]
+        spread = [base] * (n - rest) + [base + 1] * rest
+        for lengths in (tail, spread):
+            ranges, s = [], a
+            for length in lengths:
+                ranges.append((s, s + length))
+                s += length
+            if all(session_seconds(inp, x, y) <= inp.usable_seconds for x, y in ranges):
+                return ranges
+        n += 1  # capacities differ a little by checkpoint alignment; one more session always helps
+
+
+# ------------------------------------------------------------------------------------- the calendar
+
+
+@dataclass
+class Quota:
+    """Billed hours per period, resetting at ``reset + k x period``."""
+
+    hours: float
+    period: timedelta
+    reset: datetime
+
+    def period_start(self, t: datetime) -> datetime:
+        k = math.floor((t - self.reset) / self.period)
+        return self.reset + k * self.period
+
+    def period_end(self, t: datetime) -> datetime:
+        return self.period_start(t) + self.period
+
+
+@dataclass
+class SessionPlan:
+    index: int
+    start_step: int
+    stop_after_steps: int
+    hours: float  # wall clock
+    billed_hours: float
+    start: datetime
+    end: datetime
+    checkpoints: int
+    note: str = ""
+
+    @property
+    def steps(self) -> int:
+        return self.stop_after_steps - self.start_step
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"session": self.index, "start_step": self.start_step, "stop_after_steps": self.stop_after_steps,
+                "steps": self.steps, "hours": round(self.hours, 4), "billed_hours": round(self.billed_hours, 4),
+                "start": iso(self.start), "end": iso(self.end), "checkpoints": self.checkpoints, "note": self.note}
+
+
+@dataclass
+class Plan:
+    input: PlanInput
+    sessions: list[SessionPlan]
+    warnings: list[str]
+
+    @property
+    def stepping_hours(self) -> float:
+        """The horizon's steps at the rate, no overheads: the headline 'N tokens at R tok/s = H h'."""
+        return (self.input.total_steps - self.input.start_step) * self.input.step_seconds / HOUR
+
+    @property
+    def target_hours(self) -> float:
+        tokens = self.input.target_tokens or self.input.total_steps * self.input.tokens_per_step
+        return tokens / self.input.rate / HOUR
+
+    @property
+    def wall_hours(self) -> float:
+        return sum(s.hours for s in self.sessions)
+
+    @property
+    def billed_hours(self) -> float:
+        return sum(s.billed_hours for s in self.sessions)
+
+    @property
+    def eta(self) -> datetime:
+        return self.sessions[-1].end if self.sessions else self.input.start
+
+    def to_dict(self) -> dict[str, Any]:
+        i = self.input
+        return {
+            "total_steps": i.total_steps, "start_step": i.start_step, "tokens_per_step": i.tokens_per_step,
+            "horizon_tokens": i.total_steps * i.tokens_per_step, "target_tokens": i.target_tokens or None,
+            "rate_tokens_per_s": i.rate, "step_seconds": round(i.step_seconds, 4),
+            "session_hours": i.session_hours, "margin_hours": round(i.margin_hours, 4),
+            "usable_hours": round(i.usable_seconds / HOUR, 4),
+            "target_hours": round(self.target_hours, 4), "stepping_hours": round(self.stepping_hours, 4),
+            "wall_hours": round(self.wall_hours, 4), "billed_hours": round(self.billed_hours, 4),
+            "eta": iso(self.eta), "sessions": [s.to_dict() for s in self.sessions], "warnings": self.warnings,
+        }
+
+
+def plan(inp: PlanInput) -> Plan:
+    """Sessions with contiguous step ranges from ``start_step`` to the horizon, placed on a calendar.
+
+    Without a quota, sessions follow each other (plus ``gap_hours``). With one, a session that does not
+    fit what is left of the current period is shortened to fit (when at least ``min_session_hours`` is
+    left) or waits for the next reset; the steps after a shortened session are split again.
+    """
+    inp.check()
+    quota = None
+    if inp.quota_hours > 0:
+        quota = Quota(inp.quota_hours, timedelta(hours=inp.quota_period_hours), inp.quota_reset or inp.start)
+        if inp.used_hours > inp.quota_hours:
+            raise BatonError(f"{inp.used_hours:.2f} h used is more than the quota of {inp.quota_hours:g} h")
+    warnings: list[str] = []
+    pending = split(inp, inp.start_step, inp.total_steps)
+    sessions: list[SessionPlan] = []
+    t = inp.start
+    used = inp.used_hours
+    period_end = quota.period_end(t) if quota else None
+    while pending:
+        a, b = pending[0]
+        note = ""
+        if quota:
+            if t >= period_end:  # a new period began while waiting or working
+                used, period_end = 0.0, quota.period_end(t)
+            left_s = (quota.hours - used) / inp.bill_factor * HOUR
+            need = session_seconds(inp, a, b)
+            if need > left_s:
+                fit = capacity(inp, a, min(left_s, inp.usable_seconds))
+                if fit > 0 and left_s >= inp.min_session_hours * HOUR:
+                    b, note = a + fit, "shortened to the quota left in this period"
+                    pending = [(a, b)] + split(inp, b, inp.total_steps)
+                elif used == 0:  # a whole period's quota and still nothing fits: waiting cannot help
+                    raise BatonError(
+                        f"a quota of {quota.hours:g} h per period cannot hold a session of at least "
+                        f"{inp.min_session_hours:g} h with one step and a checkpoint cycle")
+                else:
+                    t, used, period_end = period_end, 0.0, period_end + quota.period
+                    continue  # wait for the reset, then try the same range again
+        seconds = session_seconds(inp, a, b)
+        billed = seconds / HOUR * inp.bill_factor
+        end = t + timedelta(seconds=seconds)
+        sessions.append(SessionPlan(len(sessions) + 1, a, b, seconds / HOUR, billed, t, end,
+                                    checkpoints_in(a, b, inp.ckpt_every, inp.total_steps), note))
+        if quota and end > period_end:
+            # Platforms meter continuously: the part after the reset counts against the new period.
+            new_start = quota.period_start(end)
+            used = min(billed, (end - new_start).total_seconds() / HOUR * inp.bill_factor)
+            period_end = new_start + quota.period
+        else:
+            used += billed
+        pending.pop(0)
+        t = end + timedelta(hours=inp.gap_hours)
+    total = sum(s.billed_hours for s in sessions)
+    if inp.cap_left_hours is not None and total > inp.cap_left_hours:
+        warnings.append(f"the plan bills {total:.1f} h but the cap leaves {inp.cap_left_hours:.1f} h")
+    if inp.deadline is not None and sessions and sessions[-1].end > inp.deadline:
+        warnings.append(f"the plan ends {iso(sessions[-1].end)}, after the deadline {iso(inp.deadline)}")
+    return Plan(inp, sessions, warnings)

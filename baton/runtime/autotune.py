@@ -1,0 +1,179 @@
+"""Speed settings, resolved once at session start into concrete values in the session's config:
+precision, ``torch.compile`` and the micro-batch. Plus the one function a micro-step runs.
+
+The resolved values replace ``auto`` in the config that every checkpoint and run summary saves, so a run
+records what it actually did. None of them is a frozen key: a run resumed on other hardware may resolve
+them differently (a different micro-batch changes the accumulation, not the samples of a step).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import Callable
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..config import Config
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+# Without GPU memory to probe, micro_batch = "auto" takes the largest candidate up to this (the default).
+CPU_AUTO_MICRO_BATCH = 4
+# A micro-batch fits when the probe's peak reserved memory stays under this share of the GPU, leaving room
+# for allocator fragmentation and for what the probe does not run (DDP buckets, the optimizer's temporaries).
+GPU_MEMORY_SHARE = 0.90
+
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve(cfg: Config, device: torch.device, world: int) -> dict[str, Any]:
+    """Replace every ``auto`` in ``cfg.train`` by a concrete value; returns what was decided and why."""
+    t = cfg.train
+    notes: dict[str, Any] = {}
+    if t.precision == "auto":
+        t.precision = resolve_precision(device, getattr(t, "parallel", "ddp"))
+        notes["precision"] = f"auto -> {t.precision}"
+    elif t.precision == "bf16" and device.type == "cuda" and not _bf16_native(device):
+        log.warning("precision bf16 on %s: this GPU has no bf16 tensor cores, so bf16 is emulated and slow "
+                    "(use precision fp16, or auto)", torch.cuda.get_device_name(device))
+    if t.compile == "auto":
+        # On by default where it pays: on CUDA (measured in benchmarks/gpu_mfu.py) from compute capability
+        # 7.0, the oldest Triton generates kernels for (a P100 cannot compile); on CPU the minutes of code
+        # generation buy little for the small models trained there.
+        t.compile = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (7, 0)
+        notes["compile"] = f"auto -> {t.compile}"
+    if t.micro_batch == "auto":
+        per_rank = t.global_batch // world
+        if device.type == "cuda":
+            t.micro_batch, notes["micro_batch_probe"] = probe_micro_batch(cfg, device, per_rank)
+            if world > 1:
+                from . import dist
+
+                # Every rank must accumulate the same number of micro-batches: the smallest fit wins.
+                t.micro_batch = int(-dist.maximum(-float(t.micro_batch), device))
+        else:
+            t.micro_batch = max(c for c in micro_batch_candidates(per_rank) if c <= CPU_AUTO_MICRO_BATCH)
+            log.info("micro_batch auto probes GPU memory; on %s it uses %d (set train.micro_batch to choose)",
+                     device.type, t.micro_batch)
+        notes["micro_batch"] = f"auto -> {t.micro_batch} (accumulation {per_rank // t.micro_batch})"
+    for k, v in notes.items():
+        if isinstance(v, str):
+            log.info("train.%s: %s", k, v)
+    return notes
+
+
+def resolve_precision(device: torch.device, parallel: str = "ddp") -> str:
+    """auto: bf16 where the GPU has bf16 tensor cores (Ampere and newer), else fp16 with a GradScaler;
+    fp32 on CPU (autocast there costs more than it saves for these models)."""
+    if device.type != "cuda":
+        return "fp32"
+    if _bf16_native(device):
+        return "bf16"
+    return "fp32" if parallel == "fsdp" else "fp16"  # FSDP cannot use the GradScaler that fp16 needs
+
+
+def _bf16_native(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def micro_batch_candidates(per_rank: int) -> list[int]:
+    """Micro-batches that divide this rank's share of the global batch: powers of two, and the share itself
+    (no accumulation), ascending. The global batch, and so the tokens per step, never change."""
+    cands = {per_rank}
+    p = 1
+    while p < per_rank:
+        if per_rank % p == 0:
+            cands.add(p)
+        p *= 2
+    return sorted(cands)
+
+
+def probe_micro_batch(cfg: Config, device: torch.device, per_rank: int) -> tuple[int, list[dict[str, Any]]]:
+    """The largest candidate micro-batch whose real forward + backward at ``data.seq_len`` fits in memory.
+
+    The probe runs on a throwaway replica of the model (the session builds its own afterwards, so neither
+    the weights nor the RNG streams of the run are touched) with the memory of AdamW's two moments held
+    aside, since those only appear at the first optimizer step. Candidates go up from 1 and the probe stops
+    at the first that does not fit.
+    """
+    from ..model.llama import build_model, count_parameters
+
+    total = torch.cuda.get_device_properties(device).total_memory
+    model = build_model(cfg.model, device)
+    n = count_parameters(model)
+    # AdamW's moments (2 x fp32); with several ranks, DDP's gradient buckets are about one more copy.
+    extra = 3 if torch.distributed.is_initialized() else 2
+    reserve = torch.empty(extra * n, dtype=torch.float32, device=device)
+    loss_fn = micro_loss_fn(AUTOCAST.get(cfg.train.precision), compiled=False)
+    try:
+        chosen, tried = choose_micro_batch(
+            micro_batch_candidates(per_rank),
+            lambda mb: _try_micro_batch(model, loss_fn, mb, cfg.data.seq_len, device, total))
+    finally:
+        del reserve
+        model = None  # the probe's memory goes back before the session builds its model
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    if chosen is None:
+        raise ConfigError(
+            f"micro_batch auto: not even 1 sample of {cfg.data.seq_len} tokens fits in "
+            f"{total / 2**30:.1f} GiB on {torch.cuda.get_device_name(device)} (turn on model.grad_ckpt, lower "
+            "data.seq_len, or use a smaller model)"
+        )
+    log.info("micro_batch auto: %s", ", ".join(
+        f"{t['micro_batch']} {'fits' if t['fits'] else 'does not fit'} ({t['peak_reserved_bytes'] / 2**30:.1f} GiB)"
+        for t in tried))
+    return chosen, tried
+
+
+def choose_micro_batch(candidates: list[int], attempt: Callable[[int], tuple[bool, int]]
+                       ) -> tuple[int | None, list[dict[str, Any]]]:
+    """Walk up the ascending candidates while ``attempt(mb)`` says (fits, peak bytes) fits; the last that
+    fitted wins (None when even the first does not). Memory grows with the micro-batch, so the first
+    failure ends the search: nothing larger is tried, and at most one attempt runs out of memory."""
+    chosen, tried = None, []
+    for mb in candidates:
+        fits, peak = attempt(mb)
+        tried.append({"micro_batch": mb, "fits": fits, "peak_reserved_bytes": peak})
+        if not fits:
+            break
+        chosen = mb
+    return chosen, tried
+
+
+def _try_micro_batch(model, loss_fn, mb: int, seq_len: int, device, total: int) -> tuple[bool, int]:
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    x = torch.zeros((mb, seq_len + 1), dtype=torch.long, device=device)
+    try:
+        loss_fn(model, x[:, :-1], x[:, 1:]).backward()
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_reserved(device)
+        return peak <= GPU_MEMORY_SHARE * total, peak
+    except torch.OutOfMemoryError:
+        return False, torch.cuda.max_memory_reserved(device)
+    finally:
+        model.zero_grad(set_to_none=True)
+        del x
+
+
+def micro_loss_fn(autocast_dtype: torch.dtype | None, compiled: bool, backend: str = "inductor") -> Callable:
+    """``loss(model, x, y)`` of one micro-batch: forward under autocast, cross-entropy in fp32.
+
+    Compiled, the graph spans the model and the loss, so the fp32 upcast of the logits and the
+    cross-entropy fuse instead of materialising a second copy of the logits.
+    """
+
+    def micro_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        ctx = torch.autocast(x.device.type, dtype=autocast_dtype) if autocast_dtype is not None else nullcontext()
+        with ctx:
+            logits = model(input_ids=x).logits
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+
+    return torch.compile(micro_loss, backend=backend) if compiled else micro_loss

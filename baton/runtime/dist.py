@@ -1,0 +1,154 @@
+"""torch.distributed as launched by torchrun: process group, rank info, cross-rank agreement.
+
+A single process (no torchrun) is world size 1 and every helper here is then a no-op, so the training
+code has one path. The launcher side (starting torchrun, reporting failures) is in ``baton.runtime.launch``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# Waiting on rank 0's store work (pulling, pushing and verifying a multi-GB checkpoint to a slow store)
+# can last far longer than any step's collective should; those waits get their own timeout.
+STORE_WAIT_S = 3 * 3600
+
+# Object collectives (errors, pointers, RNG states) run on a gloo side group: on CPU, off the GPU stream,
+# and with the long store-wait timeout. Tensor reductions of the step use the default group.
+_OBJ_GROUP: Any = None
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def env_rank() -> int:
+    return int(os.environ.get("RANK", 0))
+
+
+def node_suffix() -> str:
+    """Empty on a single node, else "-node<N>" (torchrun's GROUP_RANK): for files each node writes locally."""
+    local, world = os.environ.get("LOCAL_WORLD_SIZE"), os.environ.get("WORLD_SIZE")
+    if not local or not world or int(local) == int(world):
+        return ""
+    return f"-node{os.environ.get('GROUP_RANK', '0')}"
+
+
+def init(device_type: str, timeout_s: float = 600.0) -> DistInfo:
+    """Join the process group torchrun describes in the environment (gloo on CPU, NCCL on CUDA)."""
+    global _OBJ_GROUP
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if dist.is_initialized():
+        return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank)
+    if not under_torchrun():
+        return DistInfo()
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+    # A bounded timeout: a rank that hangs must not leave the others waiting forever in a collective.
+    # (A rank that dies is noticed sooner: gloo sees the closed connection, torchrun tears the group down.)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    _OBJ_GROUP = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=max(timeout_s, STORE_WAIT_S)))
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank)
+
+
+def shutdown() -> None:
+    global _OBJ_GROUP
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _OBJ_GROUP = None
+
+
+def _reduce(value: float, op: Any, device: torch.device) -> float:
+    if not dist.is_initialized():
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=op)
+    return float(t.item())
+
+
+def mean(value: float, device: torch.device) -> float:
+    if not dist.is_initialized():
+        return value
+    return _reduce(value, dist.ReduceOp.SUM, device) / dist.get_world_size()
+
+
+def maximum(value: float, device: torch.device) -> float:
+    return _reduce(value, dist.ReduceOp.MAX, device)
+
+
+def total(value: float, device: torch.device) -> float:
+    return _reduce(value, dist.ReduceOp.SUM, device)
+
+
+def sum_vector(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Element-wise sum over ranks of a float64 vector (one collective for several step quantities)."""
+    if not dist.is_initialized():
+        return values
+    t = values.to(device=device, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.cpu()
+
+
+def any_true(flag: bool, device: torch.device) -> bool:
+    """Agree on a stop decision: if any rank wants to stop, all stop at this boundary."""
+    return maximum(1.0 if flag else 0.0, device) > 0
+
+
+def broadcast(obj: Any, src: int = 0) -> Any:
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src, group=_OBJ_GROUP)
+    return box[0]
+
+
+def gather(obj: Any) -> list[Any]:
+    if not dist.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj, group=_OBJ_GROUP)
+    return out
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier(group=_OBJ_GROUP)
+
+
+def fault_point(rank: int, step: int) -> None:
+    """Fail on purpose where ``BATON_FAULT_AT=RANK:STEP[:hang]`` says (how the failure paths are proven):
+    raise, or with ``:hang`` stop responding, so the other ranks meet the collective timeout.
+
+    Unset, as in every real run, this is one dictionary lookup per step.
+    """
+    spec = os.environ.get("BATON_FAULT_AT")
+    if not spec:
+        return
+    want_rank, want_step, *mode = spec.split(":")
+    if rank == int(want_rank) and step == int(want_step):
+        if mode == ["hang"]:
+            while True:
+                time.sleep(3600)
+        raise RuntimeError(f"injected failure on rank {rank} at step {step} (BATON_FAULT_AT={spec})")

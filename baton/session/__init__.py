@@ -1,0 +1,1 @@
+"""One training session: its built parts, its checkpointer, resume, clock and finish."""

@@ -1,0 +1,205 @@
+"""Resuming a session: find the baton (pointer, local folder or nothing), check it fits, load it.
+
+``--resume auto``: no pointer is a fresh start, said plainly; any other problem (unreadable or malformed
+pointer, missing or damaged file, a checkpoint for another model or data) stops the run. Never a silent
+restart from step 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..checkpoint import state as ckstate
+from ..checkpoint.cycle import POINTER, push_checkpoint
+from ..checkpoint.drift import check_resume
+from ..checkpoint.pull import pull_checkpoint, read_pointer
+from ..data.reader import Cursor
+from ..errors import BatonError, ResumeError
+from ..planning.ledger import ledger_key
+from ..runtime import dist
+
+if TYPE_CHECKING:
+    from .core import Session
+
+log = logging.getLogger(__name__)
+
+
+def resume_session(s: Session) -> None:
+    """Load the baton into the session: from the store's pointer, a local folder, or nothing (step 0)."""
+    cfg = s.cfg
+    if s.resume_mode == "never":
+        pointer = read_pointer(s.store, s.run) if s.dist.is_main else None
+        if dist.broadcast(pointer is not None):
+            raise BatonError(
+                f"{s.store.describe()} already holds run {s.run!r} at step {pointer['step'] if pointer else '?'}; "
+                "use --resume auto to continue it, or set a new run.name"
+            )
+        log.info("--resume never: starting run %r at step 0", s.run)
+        _fresh_metrics(s)
+        return
+    if s.resume_mode == "auto":
+        # Only rank 0 reads the store; the answer (or the error) is shared so every rank agrees.
+        pointer, err, finished = None, None, None
+        if s.dist.is_main:
+            try:
+                pointer = read_pointer(s.store, s.run)
+                if pointer is None or not pointer.get("complete"):
+                    pointer, finished = _finish_interrupted_push(s, pointer)
+            except BatonError as e:
+                err = str(e)
+        pointer, err = dist.broadcast((pointer, err))
+        if err:
+            raise ResumeError(err)
+        if pointer is None:
+            log.info("no checkpoint pointer %s/%s in %s: starting run %r at step 0",
+                     s.run, POINTER, s.store.describe(), s.run)
+            _fresh_metrics(s)
+            return
+        if pointer.get("complete") and pointer["step"] >= s.total_steps:
+            s.complete_pointer = pointer
+            return
+        log.info("auto-resume: %s says step %d at %s/%s", s.store.describe(), pointer["step"], s.run,
+                 pointer["path"])
+        # One download per node; a folder per node, since nodes may share a file system (NFS home).
+        folder = s.run_dir / "resume" / f"step-{pointer['step']}{dist.node_suffix()}"
+        err = None
+        if s.dist.local_rank == 0:
+            try:
+                _tidy_local(s.run_dir, pointer["step"])
+                if finished != folder:  # else: the copy just pushed and verified, already here
+                    pull_checkpoint(s.store, s.run, pointer, folder)
+            except BatonError as e:
+                err = str(e)
+        errs = [e for e in dist.gather(err) if e]
+        if errs:
+            raise ResumeError(errs[0])
+        s.parent = ckstate.lineage(pointer["step"], pointer["files"])
+    else:
+        folder = Path(s.resume_mode)
+        if not folder.is_dir():
+            raise BatonError(f"--resume {folder}: no such checkpoint folder (use auto, never or a folder)")
+    st = ckstate.read_state(folder)
+    _check_drift(s, st)
+    ckstate.load_checkpoint(folder, s.model, s.optimizer)
+    cursor = Cursor.from_dict(st["cursor"])
+    if not s._allowed_changes:
+        s.data.check_cursor(cursor)
+    if cursor.samples_consumed != st["step"] * cfg.train.global_batch:
+        raise ResumeError(f"cursor has {cursor.samples_consumed} samples at step {st['step']}, expected "
+                          f"{st['step'] * cfg.train.global_batch}")
+    s.step = st["step"]
+    s.resumed_from = s.step
+    if st.get("scaler"):
+        s.scaler.load_state_dict(st["scaler"])
+    ranks = st["rng"]["ranks"]
+    if len(ranks) == s.world:
+        ckstate.set_rng_state(ranks[s.dist.rank])
+    else:
+        log.warning("checkpoint was written by %d ranks, this run has %d: accumulation is now %d micro-batches "
+                    "per rank (same %d samples per step); reseeding RNGs deterministically",
+                    len(ranks), s.world, s.accum, cfg.train.global_batch)
+        torch.manual_seed(cfg.train.seed + 1_000_003 * s.step + s.dist.rank)
+    from .core import Stats
+
+    s.stats = Stats(**{k: v for k, v in st.get("stats", {}).items() if k in Stats.__dataclass_fields__})
+    if s.dist.is_main and (folder / ckstate.METRICS_FILE).is_file():
+        s.run_dir.mkdir(parents=True, exist_ok=True)
+        # Lines past the checkpoint belong to work that was lost with the previous session.
+        (s.run_dir / "metrics.jsonl").write_bytes((folder / ckstate.METRICS_FILE).read_bytes())
+    log.info("resumed at step %d (samples consumed %d)", s.step, cursor.samples_consumed)
+
+
+def _finish_interrupted_push(s: Session, pointer: dict[str, Any] | None
+                             ) -> tuple[dict[str, Any] | None, Path | None]:
+    """Rank 0: a session killed after saving a checkpoint and before the store verified it leaves the
+    checkpoint on this machine's disk. If it continues the store's line of work and fits this config, run the
+    push it never finished (upload, verify, pointer, read-back) instead of training its steps again.
+
+    Returns the pointer to resume from, and the folder the pushed checkpoint was moved to (where resuming
+    would download it; None if nothing was pushed). Anything doubtful leaves the local folder alone and
+    the pointer as it was: the verified checkpoint stays the baton."""
+    local = _newest_local(s.run_dir / "ckpt", above=pointer["step"] if pointer else 0)
+    if local is None:
+        return pointer, None
+    verified = f"the verified step {pointer['step']}" if pointer else "step 0 (the store has no checkpoint)"
+    try:
+        st = ckstate.read_state(local)
+        step = int(local.name[len("step-"):])
+        if st["step"] != step or not _continues(s, st, pointer):
+            log.info("%s does not continue the store's %s (another line of work); not pushed", local,
+                     f"step {pointer['step']}" if pointer else "run, which has no checkpoint")
+            return pointer, None
+        _check_drift(s, st)
+    except Exception as e:  # noqa: BLE001 - a folder that cannot be judged is not pushed; the pointer stays
+        log.warning("not pushing %s, left by an earlier session: %s", local, e)
+        return pointer, None
+    log.info("checkpoint step %d was saved on this disk by a session that ended before the store verified it: "
+             "finishing its push", step)
+    try:
+        push_checkpoint(s.store, s.run, local, step, st["cursor"], s.cfg.store.verify, s.cfg.store.keep_last,
+                        keep_local=True)
+    except BatonError as e:
+        log.warning("could not finish the push of %s (%s); resuming from %s and keeping it", local, e, verified)
+        return pointer, None
+    new = read_pointer(s.store, s.run)
+    if new is None or new["step"] != step:
+        raise ResumeError(f"pushed checkpoint step {step}, but the pointer then read {new and new['step']}")
+    # The verified copy is the one the resume would download: it moves where the download would put it.
+    folder = s.run_dir / "resume" / f"step-{step}{dist.node_suffix()}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(local, folder)
+    return new, folder
+
+
+def _continues(s: Session, st: dict[str, Any], pointer: dict[str, Any] | None) -> bool:
+    """Whether a local checkpoint follows the store's line of work: its parent is the pointer's checkpoint
+    (step and weights); or, before any pointer, it is a first checkpoint saved by a session the store's
+    ledger knows, so the run in the store was not deleted and started afresh since."""
+    if pointer is not None:
+        return st.get("parent") == ckstate.lineage(pointer["step"], pointer["files"])
+    session = st.get("session")
+    if st.get("parent") is not None or not isinstance(session, str) or not re.fullmatch(r"[A-Za-z0-9-]+", session):
+        return False
+    return s.store.read_text(ledger_key(s.run, session)) is not None
+
+
+def _newest_local(folder: Path, above: int) -> Path | None:
+    """The newest complete local checkpoint (``step-N``; a save in progress is ``step-N.partial``) past ``above``."""
+    steps = [int(d.name[len("step-"):]) for d in folder.glob("step-*")
+             if d.is_dir() and d.name[len("step-"):].isdigit()] if folder.is_dir() else []
+    newer = [n for n in steps if n > above]
+    return folder / f"step-{max(newer)}" if newer else None
+
+
+def _fresh_metrics(s: Session) -> None:
+    # Rows left by a session killed before its first verified checkpoint describe lost work.
+    if s.dist.is_main:
+        (s.run_dir / "metrics.jsonl").unlink(missing_ok=True)
+
+
+def _check_drift(s: Session, st: dict[str, Any]) -> None:
+    """Refuse a checkpoint made for another model, geometry or data (every difference in one message)."""
+    s._allowed_changes = check_resume(st, s.cfg.to_dict(), s.total_steps, s.data.fingerprint,
+                                         s.data.permutation_fingerprint, s.tokenizer_sha256,
+                                         s.allow_change)
+
+
+def _tidy_local(run_dir: Path, step: int) -> None:
+    """Remove what killed sessions left in ``run_dir``: earlier pulls, and local checkpoints up to the pointer's
+    step (the store holds a verified checkpoint at least as new). Each is a full checkpoint of disk; left
+    alone they pile up session after session until a save finds the disk full."""
+    for sub, newest in (("resume", step - 1), ("ckpt", step)):
+        folder = run_dir / sub
+        for d in sorted(folder.glob("step-*")) if folder.is_dir() else []:
+            n = d.name[len("step-"):].split("-")[0].split(".")[0]
+            if d.is_dir() and n.isdigit() and int(n) <= newest:
+                shutil.rmtree(d, ignore_errors=True)
+                log.info("removed %s, left by an earlier session (the store holds step %d)", d, step)

@@ -1,0 +1,114 @@
+"""The quota ledger in the store: a killed session still bills to its last heartbeat; totals and caps."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from baton.planning import ledger as L
+from baton.planning.plan import HOUR, Quota
+from baton.store.local import LocalStore
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+def _records(store_dir, run):
+    return [json.loads(p.read_text()) for p in sorted((store_dir / run / "ledger").glob("*.json"))]
+
+
+def test_killed_session_bills_to_its_last_heartbeat(make_config, baton_cli, tmp_path):
+    cfg = str(make_config())
+    store = tmp_path / "store"
+    proc = subprocess.Popen([sys.executable, "-m", "baton.cli", "train", "-c", cfg, "--no-progress",
+                             "--set", "train.steps=100000", "--set", "train.ckpt_every=25",
+                             "--set", "budget.heartbeat_minutes=0"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait for two checkpoints, i.e. two heartbeats after the start
+        recs = _records(store, "test") if (store / "test" / "ledger").is_dir() else []
+        if recs and len(recs[0]["checkpoints"]) >= 2:
+            break
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.05)
+    else:
+        pytest.fail("no checkpoints within 120 s")
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+
+    (rec,) = _records(store, "test")
+    assert rec["outcome"] == "open" and rec["ended"] is None
+    assert rec["steps_from"] == 0 and rec["steps_to"] == rec["checkpoints"][-1]["step"] >= 50
+    assert rec["heartbeat_ts"] > rec["started_ts"]
+    want = (rec["heartbeat_ts"] - rec["started_ts"]) / HOUR * rec["bill_factor"]
+    assert want > 0 and rec["bill_factor"] == 1.0  # one CPU process
+
+    out = json.loads(baton_cli("ledger", "-c", cfg, "--json", check=True).stdout)
+    (row,) = out["sessions"]
+    assert row["session"] == rec["session"] and row["billed_hours"] == pytest.approx(want, rel=1e-12)
+    assert out["totals"]["billed_hours"] == pytest.approx(want) and out["totals"]["open_sessions"] == 1
+    text = baton_cli("ledger", "-c", cfg, "--set", "budget.cap_hours=1", check=True).stdout
+    assert "no end recorded (running, or died: billed to heartbeat)" in text
+    assert f"cap: {want:.4f} h of 1 h, {1 - want:.4f} h left" in text
+
+    st = json.loads(baton_cli("status", "-c", cfg, "--json", "--set", "train.steps=100000", check=True).stdout)
+    # The kill may land between the pointer roll and the ledger's heartbeat, or inside the next upload.
+    assert st["pointer_step"] in (rec["steps_to"], rec["steps_to"] + 25)
+    assert st["tokens_done"] == st["pointer_step"] * 256
+    by_step = {c["step"]: c for c in st["checkpoints"]}
+    assert by_step[st["pointer_step"]]["verified"] and by_step[st["pointer_step"]]["pointer"]
+    for c in st["checkpoints"]:  # anything unverified is an upload the kill cut short, never an old one
+        assert c["verified"] or c["step"] > st["pointer_step"]
+    assert st["rate_tokens_per_s"] == rec["tokens_per_s"] > 0
+    # What is left counts from the store's pointer, which the kill may have left one upload past the ledger.
+    assert st["steps_left"] == 100000 - st["pointer_step"]
+    assert st["stepping_hours_left"] == pytest.approx((100000 - st["pointer_step"]) * 256 / rec["tokens_per_s"] / HOUR)
+
+
+def _rec(start: datetime, hours: float, ended: bool = True, bill: float = 1.0, **kw) -> dict:
+    s = start.timestamp()
+    e = s + hours * HOUR
+    return {"format": L.FORMAT, "session": kw.get("session", f"s{s}"), "started_ts": s, "started": str(start),
+            "heartbeat_ts": e, "heartbeat": "", "ended_ts": e if ended else None, "ended": "x" if ended else None,
+            "outcome": "completed" if ended else L.OPEN, "bill_factor": bill, "checkpoints": kw.get("checkpoints", []),
+            "tokens_per_s": kw.get("rate")}
+
+
+def test_totals_split_a_session_across_the_quota_reset():
+    reset = datetime(2026, 9, 26, tzinfo=timezone.utc)
+    q = Quota(30.0, timedelta(days=7), reset)
+    recs = [_rec(reset - timedelta(hours=10), 6.0, bill=2.0),  # all in the old week: 12 h billed
+            _rec(reset - timedelta(hours=2), 5.0),  # 2 h before the reset, 3 h after
+            _rec(reset + timedelta(hours=20), 1.5, ended=False)]  # died: billed to its heartbeat
+    t = L.totals(recs, q, cap_hours=20.0, now=reset + timedelta(days=1))
+    assert t.billed_hours == pytest.approx(12 + 5 + 1.5)
+    assert t.period_start == reset and t.period_hours == pytest.approx(3 + 1.5)
+    assert t.quota_left == pytest.approx(30 - 4.5)
+    assert t.cap_left == pytest.approx(20 - 18.5) and t.open_sessions == 1
+    before = L.totals(recs, q, now=reset - timedelta(minutes=1))
+    assert before.period_hours == pytest.approx(12 + 2)
+
+
+def test_records_are_separate_objects_and_a_damaged_one_is_reported(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    t0 = time.time()
+    a = L.SessionLedger(store, "r", t0 - 100, "cpu", 1, 1.0, tokens_per_step=256)
+    b = L.SessionLedger(store, "r", t0 - 50, "cuda:0", 2, 2.0, tokens_per_step=256)
+    a.resumed(0)
+    b.resumed(40)
+    a.checkpoint(40, 1.5, True, stepping_seconds=10.0)
+    b.end("stopped: SIGTERM", 60, stepping_seconds=5.0)
+    store.write_text("r/ledger/garbage.json", "{not json")
+    records, problems = L.read_ledger(store, "r")
+    assert [r["session"] for r in records] == [a.id, b.id] and a.id != b.id
+    assert records[0]["checkpoints"][0] == {**records[0]["checkpoints"][0], "step": 40, "verified": True}
+    assert records[0]["tokens_per_s"] == pytest.approx(40 * 256 / 10.0)
+    assert records[1]["outcome"] == "stopped: SIGTERM" and records[1]["steps_to"] == 60
+    assert records[1]["tokens_per_s"] == pytest.approx(20 * 256 / 5.0)
+    assert len(problems) == 1 and "garbage.json" in problems[0]
+    assert L.measured_rate(records)[0] == records[1]["tokens_per_s"]  # the most recent measurement
+    assert L.checkpoint_seconds(records) == 1.5
+    assert L.billed_hours(records[1]) == pytest.approx((records[1]["ended_ts"] - (t0 - 50)) / HOUR * 2.0)

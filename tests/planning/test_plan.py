@@ -1,0 +1,239 @@
+"""The session planner: the reference run's numbers exactly, and contiguous sessions for any input."""
+
+import json
+import math
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from baton.errors import BatonError
+from baton.planning.plan import (
+    HOUR,
+    PlanInput,
+    Quota,
+    capacity,
+    parse_count,
+    parse_hours,
+    parse_instant,
+    parse_margin,
+    plan,
+    session_seconds,
+)
+from baton.planning.tripwires import apply_tripwires, evaluate_tripwires, parse_tripwire
+
+TPS = 262_144  # 4 x 1024 x 32 x 2 ranks
+T0 = datetime(2026, 9, 20, 6, 0, tzinfo=timezone.utc)
+
+
+def reference_input(**kw) -> PlanInput:
+    """The reference run's inputs, all from its preflight report:
+
+    - horizon: 1e9 target tokens at 262,144 tokens/step -> int(1e9 / 262,144) = 3,814 steps;
+    - rate 9,696 tok/s, the rate with activation checkpointing on (27.04 s/step);
+    - sessions of 9 h with a 30 % margin -> 6.3 usable hours (the launcher's `usable_hours 6.3`);
+    - a checkpoint every 381 steps (10 %), 16.5 s per cycle (the slowest measured push+verify).
+
+    6.3 h holds at most 837 such steps, so 3,814 steps need 5 sessions; 3,814 // 5 = 762 each and the
+    last runs to the horizon: 0 -> 762 -> 1,524 -> 2,286 -> 3,048 -> 3,814.
+    """
+    base = dict(total_steps=int(1e9) // TPS, tokens_per_step=TPS, rate=9_696.0, session_hours=9.0,
+                margin_hours=parse_margin("30%", 9.0), ckpt_seconds=16.5, ckpt_every=381, target_tokens=10**9,
+                start=T0)
+    return PlanInput(**(base | kw))
+
+
+def test_reference_sessions():
+    inp = reference_input()
+    assert inp.total_steps == 3814 and inp.total_steps * TPS == 999_817_216
+    assert inp.usable_seconds == pytest.approx(6.3 * HOUR)
+    assert capacity(inp, 0) == 837
+    p = plan(inp)
+    bounds = [p.sessions[0].start_step] + [s.stop_after_steps for s in p.sessions]
+    assert bounds == [0, 762, 1524, 2286, 3048, 3814]
+    assert [s.steps for s in p.sessions] == [762, 762, 762, 762, 766]
+    assert all(s.hours * HOUR <= inp.usable_seconds for s in p.sessions)
+    # The sessions follow each other on the calendar and bill their own wall clock.
+    assert p.sessions[0].start == T0
+    for a, b in zip(p.sessions, p.sessions[1:]):
+        assert b.start == a.end
+    assert p.billed_hours == pytest.approx(sum(session_seconds(inp, s.start_step, s.stop_after_steps)
+                                               for s in p.sessions) / HOUR)
+
+
+@pytest.mark.parametrize("rate, hours", [(7_732, 35.9), (12_977, 21.4)])
+def test_reference_hours(rate, hours):
+    p = plan(reference_input(rate=float(rate)))
+    assert round(p.target_hours, 1) == hours  # 1e9 tokens / rate / 3600
+    assert round(p.stepping_hours, 1) == hours  # the 3,814 steps themselves (999,817,216 tokens)
+
+
+def test_reference_calendar_respects_the_weekly_quota():
+    # 30 h/week, 0.447 h already spent on tests, reset 2026-09-26T00:00Z, at the planning rate 7,732 tok/s.
+    reset = parse_instant("2026-09-26T00:00Z")
+    inp = reference_input(rate=7_732.0, quota_hours=30.0, quota_reset=reset, used_hours=0.447)
+    p = plan(inp)
+    assert p.sessions[-1].stop_after_steps == 3814
+    week1 = sum(s.billed_hours for s in p.sessions if s.end <= reset)
+    week2 = sum(s.billed_hours for s in p.sessions if s.start >= reset)
+    assert week1 + week2 == pytest.approx(p.billed_hours)  # nobody straddles the reset here
+    assert 0.447 + week1 <= 30.0 + 1e-9
+    assert week1 > 25  # the first week is used, not abandoned at the first session that does not fit
+    assert any(s.start >= reset for s in p.sessions)
+    assert any("shortened" in s.note for s in p.sessions)
+
+
+def _period_usage(p, quota: Quota, used: float) -> dict:
+    """Billed hours per quota period, splitting a session across a reset."""
+    usage = {quota.period_start(p.input.start): used}
+    for s in p.sessions:
+        t = s.start
+        while t < s.end:
+            end = min(s.end, quota.period_end(t))
+            key = quota.period_start(t)
+            usage[key] = usage.get(key, 0.0) + (end - t).total_seconds() / HOUR * p.input.bill_factor
+            t = end
+    return usage
+
+
+inputs = st.fixed_dictionaries({
+    "total_steps": st.integers(1, 20_000),
+    "tokens_per_step": st.sampled_from([4_096, 65_536, 262_144]),
+    "rate": st.floats(500, 50_000),
+    "session_hours": st.floats(0.5, 24),
+    "margin_frac": st.floats(0, 0.5),
+    "ckpt_seconds": st.floats(0, 120),
+    "ckpt_every": st.integers(0, 2_000),
+    "start_frac": st.floats(0, 1),
+    "startup_seconds": st.floats(0, 600),
+})
+
+
+def _build(d) -> PlanInput:
+    return PlanInput(total_steps=d["total_steps"], tokens_per_step=d["tokens_per_step"], rate=d["rate"],
+                     session_hours=d["session_hours"], margin_hours=d["session_hours"] * d["margin_frac"],
+                     ckpt_seconds=d["ckpt_seconds"], ckpt_every=d["ckpt_every"],
+                     start_step=int(d["total_steps"] * d["start_frac"]), startup_seconds=d["startup_seconds"],
+                     start=T0)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(inputs)
+def test_sessions_are_contiguous_and_end_at_the_horizon(d):
+    inp = _build(d)
+    if capacity(inp, inp.start_step) == 0 and inp.start_step < inp.total_steps:
+        with pytest.raises(BatonError):
+            plan(inp)
+        return
+    p = plan(inp)
+    if inp.start_step == inp.total_steps:
+        assert p.sessions == []
+        return
+    assert p.sessions[0].start_step == inp.start_step
+    assert p.sessions[-1].stop_after_steps == inp.total_steps
+    for a, b in zip(p.sessions, p.sessions[1:]):
+        assert a.stop_after_steps == b.start_step
+        assert b.start >= a.end
+    for s in p.sessions:
+        assert s.steps >= 1
+        assert session_seconds(inp, s.start_step, s.stop_after_steps) <= inp.usable_seconds + 1e-6
+    # Not more sessions than a capacity that holds anywhere in the run would need.
+    lower = capacity(inp, inp.start_step, inp.usable_seconds - 2 * inp.ckpt_seconds)
+    if lower > 0:
+        assert len(p.sessions) <= math.ceil((inp.total_steps - inp.start_step) / lower)
+
+
+@settings(max_examples=150, deadline=None)
+@given(inputs, st.floats(2, 60), st.floats(0, 1), st.floats(0, 200))
+def test_quota_is_never_exceeded(d, quota_hours, used_frac, reset_offset_h):
+    inp = _build(d)
+    if capacity(inp, inp.start_step) == 0:
+        return
+    reset = T0 + timedelta(hours=reset_offset_h)
+    q = Quota(quota_hours, timedelta(hours=168), reset)
+    inp.quota_hours, inp.quota_reset, inp.used_hours = quota_hours, reset, quota_hours * used_frac
+    try:
+        p = plan(inp)
+    except BatonError as e:
+        assert "cannot hold a session" in str(e)  # only when no session fits a whole period
+        return
+    if p.sessions:
+        assert p.sessions[-1].stop_after_steps == inp.total_steps
+        for a, b in zip(p.sessions, p.sessions[1:]):
+            assert a.stop_after_steps == b.start_step and b.start >= a.end
+    for period, hours in _period_usage(p, q, inp.used_hours).items():
+        assert hours <= quota_hours + 1e-6, f"period {period} bills {hours} h of {quota_hours}"
+
+
+def test_tripwires_of_the_reference_run():
+    wires = [parse_tripwire("below 5,150 tok/s: target=0.9B"), parse_tripwire("7400: micro=8, accum=16")]
+    assert wires[0].rate == 5150 and wires[0].target_tokens == 900_000_000
+    assert (wires[1].rate, wires[1].micro_batch, wires[1].accum) == (7400, 8, 16)
+
+    def fired(rate):
+        return [r.fired for r in evaluate_tripwires(wires, rate, TPS, global_batch=256, seq_len=1024, ranks=2)]
+
+    assert fired(7_732) == [False, False]
+    assert fired(7_300) == [False, True]
+    assert fired(5_000) == [True, True]
+    r = evaluate_tripwires(wires, 5_000, TPS, global_batch=256, seq_len=1024, ranks=2)
+    assert all(not x.problem for x in r)  # m8 x accum 16 x 2 ranks x 1024 = 262,144 tokens per step
+    assert r[1].overrides == ["train.micro_batch=8"]
+    assert r[0].overrides == ["train.target_tokens=900000000", "train.steps=0"]
+    cut = apply_tripwires(reference_input(), r)
+    assert cut.total_steps == 900_000_000 // TPS == 3433 and cut.tokens_per_step == TPS
+
+    bad = evaluate_tripwires([parse_tripwire("7400: micro=8, accum=8")], 7_000, TPS, global_batch=256, ranks=2)
+    assert "not the global batch" in bad[0].problem
+    bad = evaluate_tripwires([parse_tripwire("7400: micro=8, accum=8")], 7_000, TPS, seq_len=1024, ranks=2)
+    assert "131,072 tokens per step, not 262,144" in bad[0].problem
+
+
+@pytest.mark.parametrize("text", ["7400", "7400: speed=2", "fast: micro=8", "7400: accum=16", "7400: micro=0"])
+def test_bad_tripwires_are_named(text):
+    with pytest.raises(BatonError, match="tripwire"):
+        parse_tripwire(text)
+
+
+def test_parsers():
+    assert parse_hours("9h") == 9 and parse_hours("90m") == 1.5 and parse_hours("1h30m") == 1.5
+    assert parse_hours("2.5") == 2.5 and parse_hours("36s") == 0.01
+    assert parse_margin("30%", 9) == pytest.approx(2.7) and parse_margin("45m", 9) == 0.75
+    assert parse_count("1e9", "x") == 10**9 and parse_count("0.9B", "x") == 9 * 10**8
+    assert parse_count("262,144", "x") == TPS and parse_count("900M", "x") == 9 * 10**8
+    assert parse_instant("2026-09-26T00:00Z") == datetime(2026, 9, 26, tzinfo=timezone.utc)
+    for bad in (lambda: parse_hours("soon"), lambda: parse_margin("130%", 9), lambda: parse_count("lots", "x"),
+                lambda: parse_instant("next friday")):
+        with pytest.raises(BatonError):
+            bad()
+
+
+def test_impossible_inputs_are_refused():
+    with pytest.raises(BatonError, match="cannot fit one step"):
+        plan(reference_input(session_hours=0.01, margin_hours=0.0))
+    with pytest.raises(BatonError, match="margin"):
+        plan(reference_input(margin_hours=9.0))
+    with pytest.raises(BatonError, match="rate"):
+        plan(reference_input(rate=0.0))
+    with pytest.raises(BatonError, match="cannot hold a session"):
+        plan(reference_input(quota_hours=0.1, quota_reset=T0))
+
+
+def test_plan_command_reference(baton_cli):
+    p = baton_cli("plan", "--target-tokens", "1e9", "--tokens-per-step", "262144", "--rate", "9696",
+                  "--session-hours", "9h", "--margin", "30%", "--ckpt-seconds", "16.5", "--ckpt-every", "381",
+                  "--start", "2026-09-20T06:00Z", "--tripwire", "5150: target=0.9B",
+                  "--tripwire", "7400: micro=8, accum=16", "--measured-rate", "7300", "--seq-len", "1024",
+                  "--ranks", "2", "--json", check=True)
+    out = json.loads(p.stdout)
+    assert [s["stop_after_steps"] for s in out["sessions"]] == [762, 1524, 2286, 3048, 3814]
+    assert [s["start_step"] for s in out["sessions"]] == [0, 762, 1524, 2286, 3048]
+    assert out["total_steps"] == 3814 and out["usable_hours"] == 6.3
+    assert [t["fired"] for t in out["tripwires"]] == [False, True]
+    assert out["tripwires"][1]["overrides"] == ["train.micro_batch=8"]
+    text = baton_cli("plan", "--target-tokens", "1e9", "--tokens-per-step", "262144", "--rate", "7732",
+                     "--session-hours", "9", "--margin", "30%", check=True).stdout
+    assert "1,000,000,000 tokens at 7,732 tok/s = 35.9 h" in text
+    bad = baton_cli("plan", "--target-tokens", "1e9", "--tokens-per-step", "262144", "--session-hours", "9")
+    assert bad.returncode == 2 and bad.stderr.startswith("baton: error: plan needs a rate")

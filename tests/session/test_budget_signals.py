@@ -1,0 +1,157 @@
+"""Time budgets and preemption, end to end: the session stops at a step boundary in time, with a verified
+checkpoint, exits 0, and the next session continues from it."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from baton.hashing import sha256_file
+from baton.session.clock import TimeBudget
+from support.helpers import read_metrics
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+BUDGET_S = 20
+
+
+def _ledger(store, run="test"):
+    return [json.loads(p.read_text()) for p in sorted((store / run / "ledger").glob("*.json"))]
+
+
+def _assert_pointer_verified(store, run="test"):
+    """The pointer's checkpoint is in the store byte for byte as the pointer describes it."""
+    pointer = json.loads((store / run / "latest.json").read_text())
+    folder = store / run / pointer["path"]
+    for name, info in pointer["files"].items():
+        assert (folder / name).stat().st_size == info["size"] and sha256_file(folder / name) == info["sha256"]
+    return pointer
+
+
+def test_time_budget_stops_in_time_and_the_next_session_continues(make_config, baton_cli, tmp_path):
+    cfg = str(make_config())
+    store, run_dir = tmp_path / "store", tmp_path / "runs" / "test"
+    t_launch = time.time()
+    # A horizon far beyond the budget; checkpoints every 0.6 s by the clock, none by step count.
+    first = baton_cli("train", "-c", cfg, "--no-progress", "--session-hours", f"{BUDGET_S}s",
+                      "--set", "train.steps=1000000", "--set", "budget.margin_minutes=0.04",
+                      "--set", "budget.ckpt_minutes=0.01", "--set", "budget.ckpt_seconds=1", check=True)
+    summary = json.loads((run_dir / "run_summary.json").read_text())
+    n = summary["steps_done"]
+    assert summary["stopped_by"] == "time budget" and 0 < n < 1_000_000
+    assert f"stopping at step {n}: time budget" in first.stderr
+    pointer = _assert_pointer_verified(store)
+    assert pointer["step"] == n and read_metrics(run_dir)[-1]["step"] == n
+
+    (rec,) = _ledger(store)
+    assert rec["outcome"] == "stopped: time budget" and rec["steps_to"] == n
+    # The clock starts with the process, before Python imported anything, and the end is inside the budget.
+    assert rec["started_ts"] <= t_launch + 1.0
+    assert rec["deadline_ts"] == pytest.approx(rec["started_ts"] + BUDGET_S)
+    assert rec["ended_ts"] <= rec["deadline_ts"]
+    assert rec["checkpoints"][-1] == {**rec["checkpoints"][-1], "step": n, "verified": True}
+    timed = rec["checkpoints"][:-1]
+    assert timed, "budget.ckpt_minutes produced no checkpoint by the clock"
+    assert all(c["verified"] for c in timed) and [c["step"] for c in timed] == sorted({c["step"] for c in timed})
+
+    second = baton_cli("train", "-c", cfg, "--no-progress", "--set", "train.steps=1000000",
+                       "--stop-after-steps", str(n + 5), check=True)
+    assert "auto-resume" in second.stderr and f"step {n}" in second.stderr
+    summary = json.loads((run_dir / "run_summary.json").read_text())
+    assert summary["resumed_from_step"] == n and summary["steps_done"] == n + 5
+    assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, n + 6))
+    assert _assert_pointer_verified(store)["step"] == n + 5
+    outcomes = [r["outcome"] for r in _ledger(store)]
+    assert sorted(outcomes) == sorted(["stopped: time budget", f"stopped at step {n + 5} (--stop-after-steps)"])
+
+
+def test_sigterm_checkpoints_at_the_next_boundary_and_exits_0(make_config, baton_cli, tmp_path):
+    cfg = str(make_config())
+    store, run_dir = tmp_path / "store", tmp_path / "runs" / "test"
+    proc = subprocess.Popen([sys.executable, "-m", "baton.cli", "train", "-c", cfg, "--no-progress",
+                             "--set", "train.steps=1000000"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    metrics = run_dir / "metrics.jsonl"
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 30):
+        assert proc.poll() is None and time.time() < deadline, "training did not start"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    summary = json.loads((run_dir / "run_summary.json").read_text())
+    n = summary["steps_done"]
+    assert summary["stopped_by"] == "SIGTERM" and n >= 30
+    assert "received SIGTERM" in err and f"stopping at step {n}: SIGTERM" in err
+    assert _assert_pointer_verified(store)["step"] == n == read_metrics(run_dir)[-1]["step"]
+    assert summary["checkpoints"][-1]["step"] == n and summary["checkpoints"][-1]["verified"]
+    (rec,) = _ledger(store)
+    assert rec["outcome"] == "stopped: SIGTERM" and rec["ended_ts"] and rec["steps_to"] == n
+
+    baton_cli("train", "-c", cfg, "--no-progress", "--set", "train.steps=1000000", "--stop-after-steps",
+              str(n + 3), check=True)
+    summary = json.loads((run_dir / "run_summary.json").read_text())
+    assert summary["resumed_from_step"] == n and summary["steps_done"] == n + 3
+
+
+# The session's handler, in a process of its own: a repeat within the duplicate window is the same
+# request; a later second signal ends the process at once.
+HANDLER = """
+import os, signal, time
+from baton.session.clock import StopSignals
+signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup: stays ignored
+s = StopSignals()
+s.install()
+assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+os.kill(os.getpid(), signal.SIGTERM)
+assert s.signum == signal.SIGTERM
+os.kill(os.getpid(), signal.SIGINT)  # a second delivery right away: ignored
+print("flag set, duplicate ignored", flush=True)
+time.sleep(2.2)
+os.kill(os.getpid(), signal.SIGUSR1)  # a real second request
+time.sleep(5)
+print("still alive", flush=True)
+"""
+
+
+def test_second_signal_exits_at_once():
+    p = subprocess.run([sys.executable, "-c", HANDLER], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.stdout.splitlines() == ["flag set, duplicate ignored"], p.stderr
+    assert p.returncode == -signal.SIGUSR1
+
+
+def test_budget_arithmetic():
+    b = TimeBudget(deadline=1000.0, margin_s=30.0, ckpt_guess_s=60.0, ckpt_every_s=300.0, start=0.0, eval_steps=1.0)
+    assert not b.should_stop(900.0)  # 900 + 0 (no step measured yet) + 60 + 30 = 990 <= 1000
+    b.observe_step(5.0)
+    b.observe_step(8.0)
+    assert b.step_estimate == 8.0 and b.stepping_seconds == 13.0
+    assert b.should_stop(903.0)  # 903 + 8 + 60 + 30 = 1001 > 1000
+    assert not b.should_stop(902.0)
+    b.observe_checkpoint(20.0, at=500.0)  # measured: replaces the guess
+    assert b.ckpt_estimate == 20.0 and not b.should_stop(940.0) and b.should_stop(943.0)
+    assert b.should_stop(923.0 - 8.0, final=True)  # at the horizon: the evaluation and the export's push too
+    assert not b.should_stop(922.0 - 8.0, final=True)
+    assert b.should_stop(923.0, in_flight=True)  # a background push to wait for before the last one
+    assert not b.checkpoint_due(799.0) and b.checkpoint_due(800.0)
+    assert not TimeBudget(None, 0, 0).should_stop(1e12)
+
+
+def test_launch_passes_the_launchers_clock_to_every_rank(make_config):
+    from baton.cli import _rank_argv, build_parser
+    from baton.cli.plan import train_clock
+    from baton.config import load_config
+
+    cfg = str(make_config())
+    args = build_parser().parse_args(["train", "-c", cfg, "--nproc", "2", "--session-hours", "90m"])
+    t0 = time.time()
+    started, deadline = train_clock(args, load_config(cfg))
+    assert started <= t0 and deadline == started + 5400
+    argv = _rank_argv(args)
+    assert "--session-hours" not in argv and "--nproc" not in argv
+    assert float(argv[argv.index("--session-start") + 1]) == started
+    # A rank parses the same instants back: its clock is the launcher's, not its own later start.
+    rank_args = build_parser().parse_args(["train", *argv])
+    assert train_clock(rank_args, load_config(cfg)) == (started, pytest.approx(deadline, abs=1e-5))

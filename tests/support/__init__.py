@@ -1,0 +1,1 @@
+"""What the tests share: configs, test servers, the zygote, the chaos harness."""

@@ -1,0 +1,304 @@
+"""A minimal Hugging Face Hub on 127.0.0.1: the endpoints the unmodified ``huggingface_hub`` client calls for
+a commit through the regular LFS path, a tree listing and a (ranged) download.
+
+Endpoints, as the Hub serves them:
+- ``POST /api/models/{repo}/preupload/{rev}``        which files go to LFS (binary or >= 10 MB) or inline
+- ``POST /{repo}.git/info/lfs/objects/batch``        LFS batch API: an upload (and verify) action per object
+- ``PUT  /lfs-upload/{oid}``                         the upload target; the body must hash to ``oid``
+- ``POST /lfs-verify``                               LFS verify action
+- ``POST /api/models/{repo}/commit/{rev}``           NDJSON commit: header, file, lfsFile, deletedFile, deletedFolder
+- ``GET  /api/models/{repo}/tree/{rev}[/{path}]``    listing with size, git oid and ``lfs.oid`` (the sha256)
+- ``GET|HEAD /{repo}/resolve/{rev}/{path}``         download; LFS files redirect to ``/lfs-blob/{oid}`` like
+                                                     the Hub's CDN; ``Range: bytes=a-b`` answers 206
+The Xet protocol is not served: the client is run with ``HF_HUB_DISABLE_XET=1``.
+
+Auth is a bearer token; a wrong one gets the Hub's 401 "Invalid credentials". Test hooks (``corrupt``,
+``remove``, ``read``) change what the server holds behind the client's back.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import threading
+import uuid
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from support.store_servers import LocalHTTPServer, read_chunked
+
+LFS_MIN = 10 << 20
+
+
+def git_oid(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+@dataclass
+class Entry:
+    data: bytes | None  # regular files keep their bytes here; LFS files point into the blob store
+    lfs_oid: str | None
+    size: int
+    blob_key: str | None = None  # where the LFS bytes are (the oid, unless a test damaged this file's copy)
+
+    @property
+    def blob(self) -> str | None:
+        return self.blob_key or self.lfs_oid
+
+    @property
+    def oid(self) -> str:
+        if self.lfs_oid is None:
+            return git_oid(self.data or b"")
+        pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{self.lfs_oid}\nsize {self.size}\n"
+        return git_oid(pointer.encode())
+
+
+class HubServer(LocalHTTPServer):
+    def __init__(self, root: Path, token: str | None = None):
+        super().__init__()
+        self.root = root
+        self.token = token or "hf_test_" + uuid.uuid4().hex
+        self.repos: dict[str, dict[str, Entry]] = {}
+        self.blobs: dict[str, bytes] = {}
+        self.commits: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    # ------------------------------------------------------------------------------------ hooks
+    def create_repo(self, repo: str) -> None:
+        with self.lock:
+            self.repos.setdefault(repo, {})
+            self.commits.setdefault(repo, 0)
+
+    def read(self, repo: str, path: str) -> bytes:
+        e = self.repos[repo][path]
+        return e.data if e.lfs_oid is None else self.blobs[e.blob]
+
+    def corrupt(self, repo: str, path: str, offset: int, rehash: bool = True) -> None:
+        """Flip one stored byte. ``rehash``: the listing follows the new bytes (a server whose sha256 is computed
+        from what it holds); else the listing keeps naming the old sha256 over changed bytes."""
+        with self.lock:
+            e = self.repos[repo][path]
+            data = bytearray(e.data if e.lfs_oid is None else self.blobs[e.blob])
+            data[offset] ^= 0xFF
+            if e.lfs_oid is None:
+                e.data = bytes(data)
+            elif rehash:
+                new = hashlib.sha256(data).hexdigest()
+                self.blobs[new] = bytes(data)
+                e.lfs_oid, e.blob_key = new, None
+            else:  # this file's copy only: the content-addressed original stays for other repos
+                e.blob_key = f"{e.lfs_oid}-damaged-{uuid.uuid4().hex[:8]}"
+                self.blobs[e.blob_key] = bytes(data)
+
+    def remove(self, repo: str, path: str) -> None:
+        with self.lock:
+            del self.repos[repo][path]
+
+    # --------------------------------------------------------------------------------- serving
+    def handle(self, h: BaseHTTPRequestHandler) -> None:
+        url = urlsplit(h.path)
+        path, query = url.path, {k: v[-1] for k, v in parse_qs(url.query).items()}
+        body = _read_body(h) if h.command in ("POST", "PUT") else b""
+        try:
+            if not path.startswith(("/lfs-blob/", "/lfs-upload/")) and not self._authorized(h):
+                return self._send(h, 401, {"error": "Invalid credentials in Authorization header"},
+                                  {"X-Error-Message": "Invalid credentials in Authorization header"})
+            routes = [
+                ("POST", r"/api/models/([^/]+/[^/]+)/preupload/([^/]+)", self._preupload),
+                ("POST", r"/([^/]+/[^/]+)\.git/info/lfs/objects/batch", self._lfs_batch),
+                ("PUT", r"/lfs-upload/([0-9a-f]{64})", self._lfs_upload),
+                ("POST", r"/lfs-verify", self._lfs_verify),
+                ("POST", r"/api/models/([^/]+/[^/]+)/commit/([^/]+)", self._commit),
+                ("GET", r"/api/models/([^/]+/[^/]+)/tree/([^/]+)(/.*)?", self._tree),
+                ("GET", r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", self._resolve),
+                ("HEAD", r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", self._resolve),
+                ("GET", r"/lfs-blob/([0-9a-f]{64}(?:-damaged-[0-9a-f]{8})?)", self._blob),
+                ("HEAD", r"/lfs-blob/([0-9a-f]{64}(?:-damaged-[0-9a-f]{8})?)", self._blob),
+            ]
+            for method, pattern, fn in routes:
+                m = re.fullmatch(pattern, path)
+                if m and h.command == method:
+                    return fn(h, query, body, *[unquote(g) if g else g for g in m.groups()])
+            self._send(h, 404, {"error": f"no route {h.command} {path}"})
+        except BrokenPipeError:
+            pass
+
+    def _authorized(self, h: BaseHTTPRequestHandler) -> bool:
+        return h.headers.get("Authorization", "") == f"Bearer {self.token}"
+
+    @staticmethod
+    def _send(h, status: int, payload, headers: dict | None = None, raw: bytes | None = None) -> None:
+        data = raw if raw is not None else json.dumps(payload).encode()
+        h.send_response(status)
+        h.send_header("Content-Type", "application/octet-stream" if raw is not None else "application/json")
+        for k, v in (headers or {}).items():
+            h.send_header(k, v)
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        if h.command != "HEAD":
+            h.wfile.write(data)
+
+    def _repo(self, h, repo: str) -> dict[str, Entry] | None:
+        if repo not in self.repos:
+            self._send(h, 404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound",
+                                                                   "X-Error-Message": "Repository not found"})
+            return None
+        return self.repos[repo]
+
+    def _preupload(self, h, query, body, repo, rev) -> None:
+        if self._repo(h, repo) is None:
+            return
+        files = []
+        for f in json.loads(body)["files"]:
+            sample = base64.b64decode(f["sample"])
+            binary = b"\0" in sample or not _utf8(sample)
+            mode = "lfs" if f["size"] >= LFS_MIN or binary else "regular"
+            files.append({"path": f["path"], "uploadMode": mode, "shouldIgnore": False, "oid": None})
+        self._send(h, 200, {"files": files, "commitOid": "0" * 40})
+
+    def _lfs_batch(self, h, query, body, repo) -> None:
+        if self._repo(h, repo) is None:
+            return
+        req = json.loads(body)
+        base = f"http://{h.headers['Host']}"
+        objects = []
+        for o in req["objects"]:
+            item = {"oid": o["oid"], "size": o["size"], "authenticated": True}
+            if o["oid"] not in self.blobs:
+                item["actions"] = {"upload": {"href": f"{base}/lfs-upload/{o['oid']}", "header": {}},
+                                   "verify": {"href": f"{base}/lfs-verify", "header": {}}}
+            objects.append(item)
+        self._send(h, 200, {"transfer": "basic", "objects": objects}, {"Content-Type": "application/vnd.git-lfs+json"})
+
+    def _lfs_upload(self, h, query, body, oid) -> None:
+        # The storage checks the content against its address, as the Hub's LFS storage does.
+        if hashlib.sha256(body).hexdigest() != oid:
+            return self._send(h, 400, {"error": "sha256 of the body does not match the object id"})
+        with self.lock:
+            self.blobs[oid] = body
+        self._send(h, 200, {})
+
+    def _lfs_verify(self, h, query, body) -> None:
+        o = json.loads(body)
+        blob = self.blobs.get(o["oid"])
+        if blob is None or len(blob) != o["size"]:
+            return self._send(h, 404, {"error": "object not found"})
+        self._send(h, 200, {})
+
+    def _commit(self, h, query, body, repo, rev) -> None:
+        files = self._repo(h, repo)
+        if files is None:
+            return
+        ops = [json.loads(line) for line in body.splitlines() if line.strip()]
+        with self.lock:
+            staged = dict(files)
+            for op in ops[1:]:
+                v = op["value"]
+                if op["key"] == "file":
+                    data = base64.b64decode(v["content"])
+                    staged[v["path"]] = Entry(data, None, len(data))
+                elif op["key"] == "lfsFile":
+                    blob = self.blobs.get(v["oid"])
+                    if blob is None or ("size" in v and len(blob) != v["size"]):
+                        return self._send(h, 422, {"error": f"LFS object {v['oid']} was not uploaded"})
+                    staged[v["path"]] = Entry(None, v["oid"], len(blob))
+                elif op["key"] == "deletedFile":
+                    if v["path"] not in staged:
+                        return self._send(h, 404, {"error": f"{v['path']} does not exist"},
+                                          {"X-Error-Code": "EntryNotFound"})
+                    del staged[v["path"]]
+                elif op["key"] == "deletedFolder":
+                    for p in [p for p in staged if p.startswith(v["path"].rstrip("/") + "/")]:
+                        del staged[p]
+                else:
+                    return self._send(h, 400, {"error": f"unknown operation {op['key']}"})
+            files.clear()
+            files.update(staged)
+            self.commits[repo] += 1
+            oid = hashlib.sha1(f"{repo}:{self.commits[repo]}".encode()).hexdigest()
+        base = f"http://{h.headers['Host']}"
+        self._send(h, 200, {"success": True, "commitOid": oid, "commitUrl": f"{base}/{repo}/commit/{oid}",
+                            "hookOutput": ""})
+
+    def _tree(self, h, query, body, repo, rev, sub) -> None:
+        files = self._repo(h, repo)
+        if files is None:
+            return
+        sub = (sub or "").strip("/")
+        recursive = query.get("recursive", "false").lower() in ("true", "1")
+        prefix = sub + "/" if sub else ""
+        with self.lock:
+            items = sorted(files.items())
+        if sub and sub not in files and not any(p.startswith(prefix) for p, _ in items):
+            return self._send(h, 404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"})
+        out, dirs = [], set()
+        for p, e in items:
+            if not p.startswith(prefix):
+                continue
+            rest = p[len(prefix):].split("/")
+            for i in range(1, len(rest)):
+                d = prefix + "/".join(rest[:i])
+                if (recursive or i == 1) and d not in dirs:
+                    dirs.add(d)
+                    out.append({"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0, "path": d})
+            if len(rest) == 1 or recursive:
+                entry = {"type": "file", "oid": e.oid, "size": e.size, "path": p}
+                if e.lfs_oid is not None:
+                    entry["lfs"] = {"oid": e.lfs_oid, "size": e.size, "pointerSize": 134}
+                out.append(entry)
+        self._send(h, 200, out)
+
+    def _resolve(self, h, query, body, repo, rev, path) -> None:
+        files = self._repo(h, repo)
+        if files is None:
+            return
+        e = files.get(path)
+        if e is None:
+            return self._send(h, 404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"})
+        if e.lfs_oid is not None:
+            base = f"http://{h.headers['Host']}"
+            h.send_response(302)
+            h.send_header("Location", f"{base}/lfs-blob/{e.blob}")
+            h.send_header("X-Repo-Commit", "0" * 40)
+            h.send_header("ETag", f'"{e.lfs_oid}"')
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
+        self._ranged(h, e.data or b"", {"ETag": f'"{e.oid}"', "X-Repo-Commit": "0" * 40})
+
+    def _blob(self, h, query, body, oid) -> None:
+        blob = self.blobs.get(oid)
+        if blob is None:
+            return self._send(h, 404, {"error": "no such object"})
+        self._ranged(h, blob, {"ETag": f'"{oid}"'})
+
+    def _ranged(self, h, data: bytes, headers: dict) -> None:
+        rng = h.headers.get("Range")
+        if rng is None:
+            return self._send(h, 200, None, {**headers, "Accept-Ranges": "bytes"}, raw=data)
+        m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng.strip())
+        if not m:
+            return self._send(h, 416, {"error": "bad range"})
+        a = int(m.group(1))
+        b = min(int(m.group(2)) if m.group(2) else len(data) - 1, len(data) - 1)
+        if a >= len(data) or a > b:
+            return self._send(h, 416, {"error": "range not satisfiable"}, {"Content-Range": f"bytes */{len(data)}"})
+        self._send(h, 206, None, {**headers, "Content-Range": f"bytes {a}-{b}/{len(data)}"}, raw=data[a : b + 1])
+
+
+def _read_body(h: BaseHTTPRequestHandler) -> bytes:
+    if h.headers.get("Transfer-Encoding", "").lower() == "chunked":
+        return read_chunked(h)
+    return h.rfile.read(int(h.headers.get("Content-Length") or 0))
+
+
+def _utf8(sample: bytes) -> bool:
+    try:
+        sample.decode("utf-8")
+        return True
+    except UnicodeDecodeError as e:
+        return e.start >= len(sample) - 3  # a character cut at the end of the 512-byte sample
