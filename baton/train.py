@@ -1,14 +1,13 @@
 """The training loop. Everything it calls is built beforehand by the Session; read it top to bottom.
 
-Run as ``torchrun -m baton.train --config C`` (or through ``baton train``); a single process needs no
-launcher.
+Run through ``baton train`` (each rank of ``--nproc N`` runs ``python -m baton.cli train``); a single
+process needs no launcher. Nothing imports this module back: the command line calls ``run``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
 from typing import Any
 
@@ -144,13 +143,3 @@ def session_outcome(s: Session, step: int) -> str:
         return f"stopped: {s.stopped_by}"
     return f"stopped at step {step} (--stop-after-steps)"
 
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point for torchrun: ``torchrun --nproc-per-node N -m baton.train <train flags>``."""
-    from .cli import main as cli_main
-
-    return cli_main(["train", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

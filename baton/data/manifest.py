@@ -51,9 +51,3 @@ def parse_manifest(raw: bytes | str, where: str) -> dict[str, Any]:
         raise DataError(f"{where} has format {m['format']!r}; this baton reads {FORMAT!r}")
     return m
 
-
-def verify_manifest(data_dir: str | Path, workers: int = 0):
-    """Rehash every shard of a local data folder (see ``baton.data.verify``)."""
-    from .verify import verify_data
-
-    return verify_data(str(data_dir), workers)

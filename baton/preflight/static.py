@@ -11,8 +11,8 @@ import torch
 from ..checkpoint.cycle import push_checkpoint
 from ..checkpoint.pull import pull_checkpoint, read_pointer
 from ..checkpoint.state import rng_state, save_checkpoint
-from ..data.manifest import verify_manifest
 from ..data.reader import Cursor, WindowDataset, prefix_collisions
+from ..data.verify import verify_data
 from ..model.llama import build_model, count_parameters, param_count
 from ..model.schedule import decay_begin, lr_factor, plateau_share
 from ..session.core import adamw, check_precision
@@ -78,7 +78,7 @@ def stage_construct(ctx: Context) -> StageResult:
 def stage_data(ctx: Context) -> StageResult:
     r = StageResult("data")
     cfg = ctx.scaled
-    report = verify_manifest(cfg.data.dir)
+    report = verify_data(str(cfg.data.dir))
     r.numbers["verify"] = {"files_hashed": report.files_hashed, "total_tokens": report.total_tokens,
                            "mismatches": len(report.problems), "problems": report.problems}
     r.check("every shard hashes to its manifest entry", report.ok, report.summary())

@@ -1,6 +1,6 @@
 """``baton train --nproc N``: torchrun over the training module, signals forwarded, every rank's failure shown.
 
-The launcher adds three things to a bare ``torchrun -m baton.train``:
+The launcher adds three things to a bare ``torchrun -m baton.cli train``:
 
 - It owns signal delivery. torchrun runs in its own session, so a terminal's Ctrl-C or a platform's
   SIGTERM reaches it exactly once, from here; torchrun passes it to every worker, the workers agree on
@@ -92,7 +92,7 @@ def _torchrun_options() -> frozenset[str]:
 
 
 def torchrun_command(spec: LaunchSpec, train_args: list[str], run_name: str = "baton") -> list[str]:
-    """The torchrun command line: the training *module* (``-m baton.train``), never a script path."""
+    """The torchrun command line: the command-line *module* running ``train`` (``-m baton.cli train``), never a script path."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(spec.nproc)]
     if not spec.multi_node:
         cmd.append("--standalone")  # a free port of its own: two runs on one machine do not collide
@@ -110,7 +110,7 @@ def torchrun_command(spec: LaunchSpec, train_args: list[str], run_name: str = "b
         cmd += ["--signals-to-handle", TORCHRUN_SIGNALS]
     if "--shutdown-timeout" in opts:
         cmd += ["--shutdown-timeout", str(spec.shutdown_timeout)]
-    return [*cmd, "-m", "baton.train", *train_args]
+    return [*cmd, "-m", "baton.cli", "train", *train_args]
 
 
 # ---------------------------------------------------------------------------------------- rank logs

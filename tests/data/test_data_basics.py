@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from baton.data.manifest import load_manifest, verify_manifest
+from baton.data.manifest import load_manifest
 from baton.data.reader import WindowDataset, prefix_collisions
 from baton.data.shards import HEADER_SIZE
+from baton.data.verify import verify_data
 
 
 @pytest.fixture
@@ -57,7 +58,7 @@ def test_no_validation_prefix_collides_with_training(ds):
 
 
 def test_manifest_verification_passes_then_names_a_flipped_shard(prepared_data, tmp_path):
-    assert verify_manifest(prepared_data).ok
+    assert verify_data(str(prepared_data)).ok
     copy = tmp_path / "copy"
     shutil.copytree(prepared_data, copy)
     m = load_manifest(copy)
@@ -66,7 +67,7 @@ def test_manifest_verification_passes_then_names_a_flipped_shard(prepared_data, 
     raw = bytearray(victim.read_bytes())
     raw[HEADER_SIZE + 10] ^= 0x01
     victim.write_bytes(bytes(raw))
-    report = verify_manifest(copy)
+    report = verify_data(str(copy))
     assert not report.ok
     assert len(report.problems) == 1 and report.problems[0].startswith(m["shards"][1]["file"])
 

@@ -87,7 +87,7 @@ def test_torchrun_command_single_and_multi_node():
     single = torchrun_command(LaunchSpec(nproc=4), ["--config", "c.toml"], "myrun")
     assert single[1:3] == ["-m", "torch.distributed.run"]
     assert "--standalone" in single and single[single.index("--nproc-per-node") + 1] == "4"
-    assert single[-4:] == ["-m", "baton.train", "--config", "c.toml"]  # the module, never a script path
+    assert single[-5:] == ["-m", "baton.cli", "train", "--config", "c.toml"]  # the module, never a script path
     rdzv = torchrun_command(LaunchSpec(nproc=8, nnodes="2", rdzv_endpoint="10.0.0.1:29400"), [], "myrun")
     joined = " ".join(rdzv)
     assert "--standalone" not in rdzv
