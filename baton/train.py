@@ -27,32 +27,33 @@ log = logging.getLogger(__name__)
 
 def train_step(s: Session, step: int) -> dict[str, Any]:
     """One optimizer step over this rank's share of global batch ``step``."""
-    cfg = s.cfg
-    lr = cfg.optim.lr * lr_factor(step, s.total_steps, cfg.optim.warmup_steps, cfg.optim.decay_start)
-    for group in s.optimizer.param_groups:
+    p = s.parts
+    cfg = p.cfg
+    lr = cfg.optim.lr * lr_factor(step, p.total_steps, cfg.optim.warmup_steps, cfg.optim.decay_start)
+    for group in p.optimizer.param_groups:
         group["lr"] = lr
     t0 = time.perf_counter()
-    loss_sum = torch.zeros((), device=s.device)
+    loss_sum = torch.zeros((), device=p.device)
     for j, (x, y) in enumerate(s.micro_batches(step)):
-        with s.no_sync(last_micro=j == s.accum - 1):
-            loss = s.micro_loss(s.model, x, y)  # forward under autocast, fp32 cross-entropy; compiled or not
-            s.scaler.scale(loss / s.accum).backward()
+        with s.no_sync(last_micro=j == p.accum - 1):
+            loss = p.micro_loss(p.model, x, y)  # forward under autocast, fp32 cross-entropy; compiled or not
+            p.scaler.scale(loss / p.accum).backward()
         loss_sum += loss.detach()
-    s.scaler.unscale_(s.optimizer)
+    p.scaler.unscale_(p.optimizer)
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
-    grad_norm = norm_value(torch.nn.utils.clip_grad_norm_(s.model.parameters(), clip))
-    loss_val, batch_sha = s.reduce_step(float(loss_sum) / s.accum)
+    grad_norm = norm_value(torch.nn.utils.clip_grad_norm_(p.model.parameters(), clip))
+    loss_val, batch_sha = s.reduce_step(float(loss_sum) / p.accum)
     finite = math.isfinite(loss_val) and math.isfinite(grad_norm)
-    if s.scaler.is_enabled():
-        scale = s.scaler.get_scale()
-        s.scaler.step(s.optimizer)  # skips the update itself when gradients overflowed
-        s.scaler.update()
-        skipped = s.scaler.get_scale() < scale
+    if p.scaler.is_enabled():
+        scale = p.scaler.get_scale()
+        p.scaler.step(p.optimizer)  # skips the update itself when gradients overflowed
+        p.scaler.update()
+        skipped = p.scaler.get_scale() < scale
     else:
         skipped = not finite  # grad_norm is post all-reduce, so every rank takes the same branch
         if not skipped:
-            s.optimizer.step()
-    s.optimizer.zero_grad(set_to_none=True)
+            p.optimizer.step()
+    p.optimizer.zero_grad(set_to_none=True)
     dt = time.perf_counter() - t0
     tokens = cfg.train.global_batch * cfg.data.seq_len
     return {"loss": loss_val, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens / dt,
@@ -61,16 +62,21 @@ def train_step(s: Session, step: int) -> dict[str, Any]:
 
 def train(s: Session) -> dict[str, Any]:
     """Train from the resumed step to the stop boundary, then hand on the baton."""
-    step, t0, start = s.step, time.perf_counter(), s.step
+    p, st, ckpt = s.parts, s.state, s.checkpointer
+    step, t0, start = st.step, time.perf_counter(), st.step
     s.progress()
-    while step < s.stop_step:
-        stop, timed_checkpoint = s.at_boundary(step)  # signal, time budget, timed cadence: agreed by all ranks
-        if stop:
-            log.info("stopping at step %d: %s", step, stop)
+    while step < p.stop_step:
+        b = s.agree(step)  # signal, time budget, timed cadence, failed push: agreed by all ranks
+        if b.push_failed:
+            ckpt.push_outcome(wait=False)  # raises the push's error on every rank
+        if b.signal or b.out_of_time:
+            st.stopped_by = s.stop_reason(b)
+            ckpt.push_outcome(wait=True)  # the push in flight is verified (or fails) before the session ends
+            log.info("stopping at step %d: %s", step, st.stopped_by)
             break
-        if timed_checkpoint and step > start and s.last_checkpoint_step != step:
-            s.checkpoint(step)
-        dist.fault_point(s.dist.rank, step)
+        if b.checkpoint_due and step > start and ckpt.last_step != step:
+            ckpt.checkpoint(step)
+        dist.fault_point(p.dist.rank, step)
         faults.point("step", step)
         m = train_step(s, step)
         track_nonfinite(s, m, step)
@@ -78,35 +84,35 @@ def train(s: Session) -> dict[str, Any]:
         s.record(step, m)
         # A checkpoint due in a run of non-finite steps waits for a finite one, so the pointer keeps
         # naming the state from before the trouble.
-        if s.checkpoint_due(step) and not s.stats.consecutive_nonfinite:
-            s.checkpoint(step)
+        if s.checkpoint_due(step) and not st.stats.consecutive_nonfinite:
+            ckpt.checkpoint(step)
     elapsed = time.perf_counter() - t0
-    if step > start and s.last_checkpoint_step != step:  # a session that trained ends with a verified checkpoint
-        s.checkpoint(step)
-    if step == s.total_steps:
+    if step > start and ckpt.last_step != step:  # a session that trained ends with a verified checkpoint
+        ckpt.checkpoint(step)
+    if step == p.total_steps:
         finishing.finish(s)
-    tokens = (step - start) * s.cfg.train.global_batch * s.cfg.data.seq_len
+    tokens = (step - start) * p.cfg.train.global_batch * p.cfg.data.seq_len
     summary = finishing.summary(s, tokens / elapsed if elapsed > 0 and tokens else 0.0)
     finishing.write_summary(s, summary)
-    log.info("TRAIN DONE step=%d/%d tokens_consumed=%s", step, s.total_steps, f"{summary['tokens_consumed']:,}")
+    log.info("TRAIN DONE step=%d/%d tokens_consumed=%s", step, p.total_steps, f"{summary['tokens_consumed']:,}")
     return summary
 
 
 def track_nonfinite(s: Session, m: dict[str, Any], step: int) -> None:
     if not m["skipped"]:
-        s.stats.consecutive_nonfinite = 0
+        s.state.stats.consecutive_nonfinite = 0
         return
-    s.stats.nonfinite_skips += 1
-    s.stats.consecutive_nonfinite += 1
-    n = s.stats.consecutive_nonfinite
+    s.state.stats.nonfinite_skips += 1
+    s.state.stats.consecutive_nonfinite += 1
+    n = s.state.stats.consecutive_nonfinite
     # Numbered like metrics.jsonl and checkpoints: the update that would have made step ``step + 1``.
     log.warning("step %d skipped: non-finite loss or gradient (loss=%s, grad_norm=%s); %d in a row, %d in this run",
-                step + 1, m["loss"], m["grad_norm"], n, s.stats.nonfinite_skips)
-    if n >= s.cfg.train.max_nonfinite:
-        last = s.last_checkpoint_step
+                step + 1, m["loss"], m["grad_norm"], n, s.state.stats.nonfinite_skips)
+    if n >= s.parts.cfg.train.max_nonfinite:
+        last = s.checkpointer.last_step
         raise BatonError(
             f"{n} consecutive steps ({step + 2 - n}-{step + 1}) had non-finite loss or gradients, the limit "
-            f"train.max_nonfinite={s.cfg.train.max_nonfinite}; stopped without saving. The pointer still names "
+            f"train.max_nonfinite={s.parts.cfg.train.max_nonfinite}; stopped without saving. The pointer still names "
             f"{f'step {last}' if last is not None else 'no checkpoint of this run'}: lower optim.lr (or use bf16 "
             "instead of fp16), or check the data, then resume"
         )
@@ -120,12 +126,12 @@ def run(cfg: Config, resume: str = "auto", stop_after: int | None = None, progre
     outcome = "failed"
     try:
         if s.complete_pointer is not None:
-            p = s.complete_pointer
+            p, done = s.parts, s.complete_pointer
             log.info("run %r is complete in %s: step %d/%d, val_loss %s; final model at %s/final. Nothing to do.",
-                     s.run, s.store.describe(), p["step"], s.total_steps,
-                     f"{p['val_loss']:.4f}" if isinstance(p.get("val_loss"), float) else "n/a", s.run)
+                     p.run, p.store.describe(), done["step"], p.total_steps,
+                     f"{done['val_loss']:.4f}" if isinstance(done.get("val_loss"), float) else "n/a", p.run)
             outcome = "nothing to do: the run is complete"
-            return {"complete": True, "steps_done": p["step"], "total_steps": s.total_steps}
+            return {"complete": True, "steps_done": done["step"], "total_steps": p.total_steps}
         summary = train(s)
         outcome = session_outcome(s, summary["steps_done"])
         return summary
@@ -137,9 +143,9 @@ def run(cfg: Config, resume: str = "auto", stop_after: int | None = None, progre
 
 
 def session_outcome(s: Session, step: int) -> str:
-    if step >= s.total_steps:
+    if step >= s.parts.total_steps:
         return "completed"
-    if s.stopped_by:
-        return f"stopped: {s.stopped_by}"
+    if s.state.stopped_by:
+        return f"stopped: {s.state.stopped_by}"
     return f"stopped at step {step} (--stop-after-steps)"
 

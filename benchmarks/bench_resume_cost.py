@@ -56,8 +56,8 @@ def make_checkpoint(cfg_path: Path, run: str, step: int) -> None:
     cfg = load_config(cfg_path, [f"run.name={run}"])
     s = Session(cfg, resume="never", progress=False)
     try:
-        s.step = step
-        s.checkpoint(step)
+        s.state.step = step
+        s.checkpointer.checkpoint(step)
     finally:
         s.close()
 

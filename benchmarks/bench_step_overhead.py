@@ -41,8 +41,9 @@ def main() -> None:
 
     from baton.config import load_config
     from baton.model.llama import build_model
+    from baton.model.optimizer import adamw
     from baton.model.schedule import lr_factor
-    from baton.session.core import Session, adamw
+    from baton.session.core import Session
     from baton.train import train
 
     work = default_work_dir() if args.work is None else __import__("pathlib").Path(args.work)

@@ -89,13 +89,13 @@ def worker(args) -> dict:
         raise SystemExit(f"variant {args.worker}: no measured step within {args.max_seconds} s")
     tokens = cfg.train.global_batch * cfg.data.seq_len
     tok_s = tokens / statistics.median(times)
-    peak = torch.cuda.max_memory_allocated(s.device) if s.device.type == "cuda" else None
-    return {"variant": args.worker, "device": s.flops.device_name, "precision": cfg.train.precision,
+    peak = torch.cuda.max_memory_allocated(s.parts.device) if s.parts.device.type == "cuda" else None
+    return {"variant": args.worker, "device": s.parts.flops.device_name, "precision": cfg.train.precision,
             "compile": cfg.train.compile, "attn": cfg.model.attn, "grad_ckpt": cfg.model.grad_ckpt,
-            "micro_batch": cfg.train.micro_batch, "accumulation": s.accum, "probe": s.perf_notes.get("micro_batch_probe"),
+            "micro_batch": cfg.train.micro_batch, "accumulation": s.parts.accum, "probe": s.parts.perf_notes.get("micro_batch_probe"),
             "tokens_per_step": tokens, "steps_measured": len(times), "step_seconds_median": statistics.median(times),
-            "first_step_seconds": first, "setup_seconds": setup, "tokens_per_s": tok_s, "mfu": s.flops.mfu(tok_s),
-            "flops_per_token": s.flops.flops_per_token, "peak_tflops": (s.flops.peak_per_device or 0) / 1e12 or None,
+            "first_step_seconds": first, "setup_seconds": setup, "tokens_per_s": tok_s, "mfu": s.parts.flops.mfu(tok_s),
+            "flops_per_token": s.parts.flops.flops_per_token, "peak_tflops": (s.parts.flops.peak_per_device or 0) / 1e12 or None,
             "peak_memory_allocated": peak}
 
 

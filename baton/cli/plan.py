@@ -134,9 +134,9 @@ def run_bench(args, cfg: Config) -> int:
     import torch
 
     from .. import bench
-    from ..session.core import _pick_device
+    from ..runtime.device import pick_device
 
-    device = _pick_device(cfg.train.device)
+    device = pick_device(cfg.train.device)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     attns = args.attn.split(",") if args.attn else ["eager", "sdpa"] + (

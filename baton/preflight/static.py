@@ -14,8 +14,8 @@ from ..checkpoint.state import rng_state, save_checkpoint
 from ..data.reader import Cursor, WindowDataset, prefix_collisions
 from ..data.verify import verify_data
 from ..model.llama import build_model, count_parameters, param_count
+from ..model.optimizer import adamw, check_precision
 from ..model.schedule import decay_begin, lr_factor, plateau_share
-from ..session.core import adamw, check_precision
 from ..store import delete_prefix, open_store
 from .core import Context, StageResult, timed
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 from pathlib import Path
 
 import torch
@@ -57,3 +58,8 @@ def check_fits(n_params: int, parallel: str, world: int, device: torch.device) -
     why = shortfall(n_params, parallel, world, device)
     if dist.any_true(why is not None, device):
         raise ConfigError(why or "another rank has too little memory for the model's training state (see its log)")
+
+
+def rss_peak() -> int:
+    """This process's resident-set high-water mark, bytes."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB

@@ -10,145 +10,179 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ..checkpoint import state as ckstate
 from ..checkpoint.cycle import PushResult, push_checkpoint
 from ..checkpoint.drift import state_data
-from ..checkpoint.pusher import PushFailed
+from ..checkpoint.pusher import Pusher, PushFailed
 from ..data.reader import Cursor
 from ..errors import BatonError, StoreError
 from ..model.llama import build_model
+from ..model.optimizer import adamw
 from ..runtime import dist
 from ..versions import versions
-
-if TYPE_CHECKING:
-    from .core import Session
+from .clock import TimeBudget
+from .parts import Parts
+from .state import TrainState
 
 log = logging.getLogger(__name__)
 
 
-def checkpoint(s: Session, step: int) -> PushResult | None:
-    """Save, then push, verify, roll the pointer, prune: in the background while training goes on, except
-    for the session's last checkpoint (or with store.async_push off), which is complete on return.
+class Checkpointer:
+    """Owns the push in flight and the lineage: the newest verified checkpoint a new one continues."""
 
-    At most one push is in flight: this first waits for the previous one. All ranks return together or
-    raise together; a background failure surfaces at the next step boundary (``push_outcome``).
-    """
-    t0 = time.time()
-    rngs = dist.gather(ckstate.rng_state())
-    plain = plain_state(s)  # under FSDP, a collective that gathers the full state to rank 0
-    final = step >= s.stop_step or s.stopped_by is not None
-    result, err = None, None
-    if s.dist.is_main:
+    def __init__(self, parts: Parts, state: TrainState, budget: TimeBudget, parent: dict[str, Any] | None,
+                 metrics_path: Path):
+        self.parts = parts
+        self.state = state
+        self.budget = budget
+        self.metrics_path = metrics_path
+        # Rank 0 pushes in the background (store.async_push); every rank learns the outcome at a boundary.
+        self.pusher = Pusher(background=parts.cfg.store.async_push)
+        # (step, start, samples consumed, seconds the save took) of the push in flight, booked when it ends
+        self.pending: tuple[int, float, int, float] | None = None
+        # The newest verified checkpoint of this lineage: what a checkpoint saved now continues. Recorded in
+        # each checkpoint so a later session can tell whether one left unpushed on disk follows the pointer.
+        self.parent = parent
+        self.saved: list[dict[str, Any]] = []  # this session's checkpoints, for the run summary
+        self.last_saved_step: int | None = None  # the newest one this session saved (its push may be in flight)
+
+    @property
+    def last_step(self) -> int | None:
+        """The step of the newest verified checkpoint this session wrote or resumed from."""
+        return self.last_saved_step if self.last_saved_step is not None else self.state.resumed_from
+
+    def checkpoint(self, step: int) -> PushResult | None:
+        """Save, then push, verify, roll the pointer, prune: in the background while training goes on, except
+        for the session's last checkpoint (or with store.async_push off), which is complete on return.
+
+        At most one push is in flight: this first waits for the previous one. All ranks return together or
+        raise together; a background failure surfaces at the next step boundary (``push_outcome``).
+        """
+        p = self.parts
+        t0 = time.time()
+        rngs = dist.gather(ckstate.rng_state())
+        plain = self.plain_state()  # under FSDP, a collective that gathers the full state to rank 0
+        final = step >= p.stop_step or self.state.stopped_by is not None
+        result = None
+        err: tuple[int | None, str] | None = None
+        if p.dist.is_main:
+            assert plain is not None
+            try:
+                self.collect()
+                folder, cursor, save_seconds = self._save_local(step, rngs, *plain)
+                self.pending = (step, t0, cursor.samples_consumed, save_seconds)
+                self.pusher.start(step, lambda: push_checkpoint(p.store, p.run, folder, step, cursor.to_dict(),
+                                                                p.cfg.store.verify, p.cfg.store.keep_last))
+                if final or not self.pusher.background:
+                    result = self.collect()
+            except PushFailed as e:
+                err = (e.step, str(e))
+            except ckstate.LocalSaveError as e:  # the local disk, not the store: its message says all
+                err = (None, str(e))
+            except (BatonError, OSError) as e:
+                err = (step, f"{type(e).__name__}: {e}")
+        err = dist.broadcast(err)
+        if err and err[0] is None:
+            raise ckstate.LocalSaveError(err[1])
+        if err:
+            raise self._push_error(*err)
+        self.last_saved_step = step
+        return result
+
+    def push_outcome(self, wait: bool) -> None:
+        """Collective: every rank learns whether rank 0's background push failed (after waiting for the one in
+        flight when ``wait``), and all raise together if it did."""
+        err = None
+        if self.parts.dist.is_main:
+            try:
+                if wait or self.pusher.failure() is not None:
+                    self.collect()  # a finished push: returns at once
+            except PushFailed as e:
+                err = (e.step, str(e))
+        err = dist.broadcast(err)
+        if err:
+            raise self._push_error(*err)
+
+    def _push_error(self, step: int, cause: str) -> StoreError:
+        p = self.parts
+        return StoreError(
+            f"checkpoint at step {step} was not verified in {p.store.describe()} ({cause}); the pointer still "
+            f"names the previous verified checkpoint and the local copy is kept in {p.run_dir / 'ckpt'}"
+        )
+
+    def collect(self) -> PushResult | None:
+        """Rank 0: wait for the push in flight and book it (summary, ledger, budget); raises PushFailed."""
+        pending, self.pending = self.pending, None
+        ledger = self.parts.ledger
         try:
-            collect_push(s)
-            folder, cursor, save_seconds = save_local(s, step, rngs, *plain)
-            s.pending_push = (step, t0, cursor.samples_consumed, save_seconds)
-            s.pusher.start(step, lambda: push_checkpoint(s.store, s.run, folder, step, cursor.to_dict(),
-                                                         s.cfg.store.verify, s.cfg.store.keep_last))
-            if final or not s.pusher.background:
-                result = collect_push(s)
-        except PushFailed as e:
-            err = (e.step, str(e))
-        except ckstate.LocalSaveError as e:  # the local disk, not the store: its message says all
-            err = (None, str(e))
-        except (BatonError, OSError) as e:
-            err = (step, f"{type(e).__name__}: {e}")
-    err = dist.broadcast(err)
-    if err and err[0] is None:
-        raise ckstate.LocalSaveError(err[1])
-    if err:
-        raise _push_error(s, *err)
-    s.last_saved_step = step
-    return result
+            result = self.pusher.wait()
+        except PushFailed:
+            if pending is not None and ledger is not None:
+                ledger.checkpoint(pending[0], time.time() - pending[1], False, self.budget.stepping_seconds)
+            raise
+        if pending is None or result is None:
+            return None
+        self.parent = ckstate.lineage(result.step, result.files)
+        step, t0, samples, save_seconds = pending
+        # The whole cycle (save, push, verify, pointer, prune) as if it had run alone: what a final one costs.
+        seconds = save_seconds + result.seconds
+        self.budget.observe_checkpoint(seconds, at=t0)
+        if ledger is not None:
+            ledger.checkpoint(step, seconds, result.verified, self.budget.stepping_seconds)
+        self.saved.append({"step": step, "samples_consumed": samples, "verified": result.verified,
+                           "seconds": round(result.seconds, 3), "path": result.path})
+        log.info("CKPT step %d samples=%d push+verify=%.1fs verified=%s", step, samples, result.seconds,
+                 result.verified)
+        return result
 
+    def close(self) -> None:
+        if self.parts.dist.is_main:
+            # The process never exits with a push in flight; a failure here was already raised or is logged.
+            try:
+                self.collect()
+            except PushFailed as e:
+                log.error("checkpoint at step %d was not verified: %s", e.step, e)
 
-def push_outcome(s: Session, wait: bool) -> None:
-    """Collective: every rank learns whether rank 0's background push failed (after waiting for the one in
-    flight when ``wait``), and all raise together if it did."""
-    err = None
-    if s.dist.is_main:
-        try:
-            if wait or s.pusher.failure() is not None:
-                collect_push(s)  # a finished push: returns at once
-        except PushFailed as e:
-            err = (e.step, str(e))
-    err = dist.broadcast(err)
-    if err:
-        raise _push_error(s, *err)
+    def plain_state(self) -> tuple[torch.nn.Module, torch.optim.Optimizer] | None:
+        """The full model and optimizer on rank 0 (every rank must call this at the same point)."""
+        cfg = self.parts.cfg
 
+        def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+            model = build_model(cfg.model, "cpu")
+            return model, adamw(model, cfg, torch.device("cpu"))
 
-def _push_error(s: Session, step: int, cause: str) -> StoreError:
-    return StoreError(
-        f"checkpoint at step {step} was not verified in {s.store.describe()} ({cause}); the pointer still "
-        f"names the previous verified checkpoint and the local copy is kept in {s.run_dir / 'ckpt'}"
-    )
+        return self.parts.parallel.plain(self.parts.model, self.parts.optimizer, build)
 
-
-def collect_push(s: Session) -> PushResult | None:
-    """Rank 0: wait for the push in flight and book it (summary, ledger, budget); raises PushFailed."""
-    pending, s.pending_push = s.pending_push, None
-    try:
-        result = s.pusher.wait()
-    except PushFailed:
-        if pending is not None and s.ledger is not None:
-            s.ledger.checkpoint(pending[0], time.time() - pending[1], False, s.budget.stepping_seconds)
-        raise
-    if pending is None or result is None:
-        return None
-    s.parent = ckstate.lineage(result.step, result.files)
-    step, t0, samples, save_seconds = pending
-    # The whole cycle (save, push, verify, pointer, prune) as if it had run alone: what a final one costs.
-    seconds = save_seconds + result.seconds
-    s.budget.observe_checkpoint(seconds, at=t0)
-    if s.ledger is not None:
-        s.ledger.checkpoint(step, seconds, result.verified, s.budget.stepping_seconds)
-    s.session_checkpoints.append({"step": step, "samples_consumed": samples, "verified": result.verified,
-                                  "seconds": round(result.seconds, 3), "path": result.path})
-    log.info("CKPT step %d samples=%d push+verify=%.1fs verified=%s", step, samples, result.seconds,
-             result.verified)
-    return result
-
-
-def plain_state(s: Session) -> tuple[torch.nn.Module, torch.optim.Optimizer] | None:
-    """The full model and optimizer on rank 0 (every rank must call this at the same point)."""
-    from .core import adamw
-
-    def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-        model = build_model(s.cfg.model, "cpu")
-        return model, adamw(model, s.cfg, torch.device("cpu"))
-
-    return s.parallel.plain(s.model, s.optimizer, build)
-
-
-def save_local(s: Session, step: int, rngs: list[dict[str, Any]], model: torch.nn.Module,
-               optimizer: torch.optim.Optimizer) -> tuple[Path, Cursor, float]:
-    """Write the checkpoint folder locally (in the foreground: it is the state at this step). Returns the
-    folder, the data cursor at this step and the seconds the save took."""
-    t0 = time.time()
-    cfg = s.cfg
-    cursor = s.data.cursor(step * cfg.train.global_batch, step)
-    state = {
-        "step": step,
-        "total_steps": s.total_steps,
-        "cursor": cursor.to_dict(),
-        "scheduler": {"kind": "warmup-plateau-linear", "step": step, "total_steps": s.total_steps,
-                      "warmup_steps": cfg.optim.warmup_steps, "decay_start": cfg.optim.decay_start},
-        "scaler": s.scaler.state_dict() if s.scaler.is_enabled() else None,
-        "rng": {"world_size": s.world, "ranks": rngs},
-        "stats": {"nonfinite_skips": s.stats.nonfinite_skips,
-                  "consecutive_nonfinite": s.stats.consecutive_nonfinite, "last_loss": s.stats.last_loss},
-        "config": cfg.to_dict(),
-        "versions": versions(),
-        "params": s.n_params,
-        "data": state_data(cfg.to_dict(), s.data.fingerprint, s.tokenizer_sha256),
-        # The verified checkpoint this one follows, and the session that saved it: how a later session
-        # knows whether this folder, left unpushed on disk, continues the store's line of work.
-        "parent": s.parent,
-        "session": s.ledger.id if s.ledger is not None else None,
-    }
-    folder = ckstate.save_checkpoint(s.run_dir / "ckpt" / f"step-{step}", model, optimizer, state, s.metrics_path)
-    return folder, cursor, time.time() - t0
+    def _save_local(self, step: int, rngs: list[dict[str, Any]], model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer) -> tuple[Path, Cursor, float]:
+        """Write the checkpoint folder locally (in the foreground: it is the state at this step). Returns the
+        folder, the data cursor at this step and the seconds the save took."""
+        t0 = time.time()
+        p, cfg, stats = self.parts, self.parts.cfg, self.state.stats
+        cursor = p.data.cursor(step * cfg.train.global_batch, step)
+        state = {
+            "step": step,
+            "total_steps": p.total_steps,
+            "cursor": cursor.to_dict(),
+            "scheduler": {"kind": "warmup-plateau-linear", "step": step, "total_steps": p.total_steps,
+                          "warmup_steps": cfg.optim.warmup_steps, "decay_start": cfg.optim.decay_start},
+            "scaler": p.scaler.state_dict() if p.scaler.is_enabled() else None,
+            "rng": {"world_size": p.world, "ranks": rngs},
+            "stats": {"nonfinite_skips": stats.nonfinite_skips,
+                      "consecutive_nonfinite": stats.consecutive_nonfinite, "last_loss": stats.last_loss},
+            "config": cfg.to_dict(),
+            "versions": versions(),
+            "params": p.n_params,
+            "data": state_data(cfg.to_dict(), p.data.fingerprint, p.tokenizer_sha256),
+            # The verified checkpoint this one follows, and the session that saved it: how a later session
+            # knows whether this folder, left unpushed on disk, continues the store's line of work.
+            "parent": self.parent,
+            "session": p.ledger.id if p.ledger is not None else None,
+        }
+        folder = ckstate.save_checkpoint(p.run_dir / "ckpt" / f"step-{step}", model, optimizer, state,
+                                         self.metrics_path)
+        return folder, cursor, time.time() - t0

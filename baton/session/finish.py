@@ -16,8 +16,8 @@ from ..checkpoint.pull import read_pointer
 from ..data.prepare import TOKENIZER_FILE
 from ..errors import BatonError, StoreError
 from ..runtime import dist
+from ..runtime.memory import rss_peak
 from ..versions import versions
-from . import checkpointer as checkpointing
 
 if TYPE_CHECKING:
     from .core import Session
@@ -28,21 +28,22 @@ log = logging.getLogger(__name__)
 @torch.no_grad()
 def evaluate(s: Session) -> dict[str, float]:
     """Loss and perplexity over the held-out windows, split across ranks and summed."""
-    if s.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(s.device)
-    model = getattr(s.model, "module", s.model)
+    p, st = s.parts, s.state
+    if p.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(p.device)
+    model = getattr(p.model, "module", p.model)
     model.eval()
-    all_ids = s.data.val_window_ids()
-    ids = all_ids[s.dist.rank :: s.world]
+    all_ids = p.data.val_window_ids()
+    ids = all_ids[p.dist.rank :: p.world]
     loss_sum, count = 0.0, 0
-    mb = s.cfg.train.micro_batch
+    mb = p.micro_batch
     # Sharded forwards are collectives: every rank runs as many as the busiest rank, the extra ones on
     # a window whose loss is not counted.
-    n_fwd = -(-len(all_ids[:: s.world]) // mb) if s.parallel.sharded else -(-len(ids) // mb)
+    n_fwd = -(-len(all_ids[:: p.world]) // mb) if p.parallel.sharded else -(-len(ids) // mb)
     for b in range(n_fwd):
         chunk = ids[b * mb : (b + 1) * mb]
-        x, y = s.data.windows(chunk if len(chunk) else all_ids[:1])
-        x, y = x.to(s.device), y.to(s.device)
+        x, y = p.data.windows(chunk if len(chunk) else all_ids[:1])
+        x, y = x.to(p.device), y.to(p.device)
         with s.autocast():
             logits = model(input_ids=x).logits
         losses = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), y, reduction="none").mean(1)
@@ -50,11 +51,9 @@ def evaluate(s: Session) -> dict[str, float]:
             loss_sum += float(losses.double().sum())
             count += len(chunk)
     model.train()
-    loss_sum = dist.total(loss_sum, s.device)
-    count = int(dist.total(count, s.device))
-    from .core import rss_peak
-
-    s.peak_eval = torch.cuda.max_memory_allocated(s.device) if s.device.type == "cuda" else rss_peak()
+    loss_sum = dist.total(loss_sum, p.device)
+    count = int(dist.total(count, p.device))
+    st.peak_eval = torch.cuda.max_memory_allocated(p.device) if p.device.type == "cuda" else rss_peak()
     if count == 0:
         return {}
     val_loss = loss_sum / count
@@ -62,80 +61,85 @@ def evaluate(s: Session) -> dict[str, float]:
 
 def finish(s: Session) -> None:
     """At the horizon: final evaluation, export, push the export, and mark the run complete."""
-    s.val = evaluate(s)
-    log.info("validation: loss %.4f ppl %.2f over %d windows", s.val.get("val_loss", float("nan")),
-             s.val.get("val_ppl", float("nan")), s.val.get("val_windows", 0))
-    plain = checkpointing.plain_state(s)
+    p, st = s.parts, s.state
+    st.val = evaluate(s)
+    log.info("validation: loss %.4f ppl %.2f over %d windows", st.val.get("val_loss", float("nan")),
+             st.val.get("val_ppl", float("nan")), st.val.get("val_windows", 0))
+    plain = s.checkpointer.plain_state()
     err = None
-    if s.dist.is_main:
+    if p.dist.is_main:
+        assert plain is not None  # rank 0 holds the full state
         try:
             _publish_final(s, plain[0])
         except (BatonError, OSError) as e:
             err = f"{type(e).__name__}: {e}"
     err = dist.broadcast(err)
     if err:
-        raise StoreError(f"the final model could not be published to {s.store.describe()}: {err}")
+        raise StoreError(f"the final model could not be published to {p.store.describe()}: {err}")
 
 def _publish_final(s: Session, model: torch.nn.Module) -> None:
+    p, st = s.parts, s.state
     from ..model.export import export_model
 
-    pointer = read_pointer(s.store, s.run)
-    if pointer is None or pointer["step"] != s.step:
-        raise StoreError(f"expected the pointer at step {s.step} before publishing the final model")
-    out = s.run_dir / "final"
-    manifest = s.data.manifest["tokenizer"]
-    export_model(model, Path(s.cfg.data.dir) / TOKENIZER_FILE, out, manifest["eos_token"],
-                 meta={"run": s.run, "step": s.step, **(s.val or {}), "config": s.cfg.to_dict()})
-    files, _ = push_folder(s.store, out, f"{s.run}/final", s.cfg.store.verify)
-    done = make_pointer(s.run, pointer["step"], pointer["path"], pointer["files"], pointer["cursor"],
-                        complete=True, extra={"final": {"path": "final", "files": files}, **(s.val or {})})
-    write_pointer(s.store, s.run, done)
+    pointer = read_pointer(p.store, p.run)
+    if pointer is None or pointer["step"] != st.step:
+        raise StoreError(f"expected the pointer at step {st.step} before publishing the final model")
+    out = p.run_dir / "final"
+    manifest = p.data.manifest["tokenizer"]
+    export_model(model, Path(p.cfg.data.dir) / TOKENIZER_FILE, out, manifest["eos_token"],
+                 meta={"run": p.run, "step": st.step, **(st.val or {}), "config": p.cfg.to_dict()})
+    files, _ = push_folder(p.store, out, f"{p.run}/final", p.cfg.store.verify)
+    done = make_pointer(p.run, pointer["step"], pointer["path"], pointer["files"], pointer["cursor"],
+                        complete=True, extra={"final": {"path": "final", "files": files}, **(st.val or {})})
+    write_pointer(p.store, p.run, done)
     log.info("run %s complete: final model verified at %s/final; pointer marks the run complete",
-             s.run, s.run)
+             p.run, p.run)
 
 def summary(s: Session, tokens_per_s: float) -> dict[str, Any]:
     """run_summary.json: whole-run counters, this session's checkpoints, peaks (max over ranks), config."""
-    gb = s.cfg.train.global_batch
+    p, st = s.parts, s.state
+    gb = p.cfg.train.global_batch
     # Each rank's own high-water marks go to its log; the summary keeps the maximum over ranks.
-    log.info("PEAK rank=%d train_bytes=%d eval_bytes=%d", s.dist.rank, s.peak_train, s.peak_eval)
-    peak_train = int(dist.maximum(s.peak_train, s.device))
-    peak_eval = int(dist.maximum(s.peak_eval, s.device))
+    log.info("PEAK rank=%d train_bytes=%d eval_bytes=%d", p.dist.rank, st.peak_train, st.peak_eval)
+    peak_train = int(dist.maximum(st.peak_train, p.device))
+    peak_eval = int(dist.maximum(st.peak_eval, p.device))
     return {
-        "run": s.run,
-        "params": s.n_params,
-        "steps_done": s.step,
-        "total_steps": s.total_steps,
-        "tokens_consumed": s.step * gb * s.cfg.data.seq_len,
-        "samples_consumed": s.step * gb,
-        "final_train_loss": s.stats.last_loss,
-        "val_loss": (s.val or {}).get("val_loss"),
-        "val_ppl": (s.val or {}).get("val_ppl"),
+        "run": p.run,
+        "params": p.n_params,
+        "steps_done": st.step,
+        "total_steps": p.total_steps,
+        "tokens_consumed": st.step * gb * p.cfg.data.seq_len,
+        "samples_consumed": st.step * gb,
+        "final_train_loss": st.stats.last_loss,
+        "val_loss": (st.val or {}).get("val_loss"),
+        "val_ppl": (st.val or {}).get("val_ppl"),
         "tokens_per_s": tokens_per_s,
-        **s.flops.summary(tokens_per_s),
-        "precision": s.cfg.train.precision,
-        "compile": s.cfg.train.compile,
-        "micro_batch": s.cfg.train.micro_batch,
-        "accumulation": s.accum,
-        "auto_settings": s.perf_notes,
+        **p.flops.summary(tokens_per_s),
+        "precision": p.cfg.train.precision,
+        "compile": p.cfg.train.compile,
+        "micro_batch": p.cfg.train.micro_batch,
+        "accumulation": p.accum,
+        "auto_settings": p.perf_notes,
         "peak_memory_bytes": max(peak_train, peak_eval),
         "peak_memory_train_bytes": peak_train,
         "peak_memory_eval_bytes": peak_eval,
-        "nonfinite_skips": s.stats.nonfinite_skips,
-        "checkpoints": s.session_checkpoints,
-        "resumed_from_step": s.resumed_from,
-        "stopped_by": s.stopped_by,
+        "nonfinite_skips": st.stats.nonfinite_skips,
+        "checkpoints": s.checkpointer.saved,
+        "resumed_from_step": st.resumed_from,
+        "stopped_by": st.stopped_by,
         "deadline": s.deadline,
-        "world_size": s.world,
-        "device": str(s.device),
-        "store": s.store.describe(),
+        "world_size": p.world,
+        "device": str(p.device),
+        "store": p.store.describe(),
         "seconds": round(time.time() - s.t_start, 3),
-        "config": s.cfg.to_dict(),
+        "config": p.cfg.to_dict(),
         "versions": versions(),
     }
 
 def write_summary(s: Session, summary: dict[str, Any]) -> None:
-    if s.dist.is_main:
-        s.run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = s.run_dir / "run_summary.json.tmp"
+    p = s.parts
+    if p.dist.is_main:
+        p.run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = p.run_dir / "run_summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=1), encoding="utf-8")
-        tmp.replace(s.run_dir / "run_summary.json")
+        tmp.replace(p.run_dir / "run_summary.json")

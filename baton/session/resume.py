@@ -11,30 +11,42 @@ import logging
 import os
 import re
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ..checkpoint import state as ckstate
 from ..checkpoint.cycle import POINTER, push_checkpoint
-from ..checkpoint.drift import check_resume
+from ..checkpoint.drift import Difference, check_resume
 from ..checkpoint.pull import pull_checkpoint, read_pointer
 from ..data.reader import Cursor
 from ..errors import BatonError, ResumeError
 from ..planning.ledger import ledger_key
 from ..runtime import dist
-
-if TYPE_CHECKING:
-    from .core import Session
+from .parts import Parts
+from .state import Stats
 
 log = logging.getLogger(__name__)
 
 
-def resume_session(s: Session) -> None:
-    """Load the baton into the session: from the store's pointer, a local folder, or nothing (step 0)."""
+@dataclass
+class Resumed:
+    """Where the session starts: step 0, or the state of a checkpoint now loaded into the model and optimizer."""
+
+    step: int = 0
+    from_step: int | None = None  # the checkpoint's step, None on a fresh start
+    stats: Stats = field(default_factory=Stats)
+    parent: dict[str, Any] | None = None  # the lineage of the verified checkpoint resumed from
+    complete: dict[str, Any] | None = None  # the pointer of a run already complete: nothing to train
+
+
+def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
+    """Load the baton into the session's parts: from the store's pointer, a local folder, or nothing (step 0)."""
     cfg = s.cfg
-    if s.resume_mode == "never":
+    parent = None
+    if mode == "never":
         pointer = read_pointer(s.store, s.run) if s.dist.is_main else None
         if dist.broadcast(pointer is not None):
             raise BatonError(
@@ -43,15 +55,15 @@ def resume_session(s: Session) -> None:
             )
         log.info("--resume never: starting run %r at step 0", s.run)
         _fresh_metrics(s)
-        return
-    if s.resume_mode == "auto":
+        return Resumed()
+    if mode == "auto":
         # Only rank 0 reads the store; the answer (or the error) is shared so every rank agrees.
         pointer, err, finished = None, None, None
         if s.dist.is_main:
             try:
                 pointer = read_pointer(s.store, s.run)
                 if pointer is None or not pointer.get("complete"):
-                    pointer, finished = _finish_interrupted_push(s, pointer)
+                    pointer, finished = _finish_interrupted_push(s, pointer, allow_change)
             except BatonError as e:
                 err = str(e)
         pointer, err = dist.broadcast((pointer, err))
@@ -61,10 +73,9 @@ def resume_session(s: Session) -> None:
             log.info("no checkpoint pointer %s/%s in %s: starting run %r at step 0",
                      s.run, POINTER, s.store.describe(), s.run)
             _fresh_metrics(s)
-            return
+            return Resumed()
         if pointer.get("complete") and pointer["step"] >= s.total_steps:
-            s.complete_pointer = pointer
-            return
+            return Resumed(complete=pointer)
         log.info("auto-resume: %s says step %d at %s/%s", s.store.describe(), pointer["step"], s.run,
                  pointer["path"])
         # One download per node; a folder per node, since nodes may share a file system (NFS home).
@@ -80,22 +91,21 @@ def resume_session(s: Session) -> None:
         errs = [e for e in dist.gather(err) if e]
         if errs:
             raise ResumeError(errs[0])
-        s.parent = ckstate.lineage(pointer["step"], pointer["files"])
+        parent = ckstate.lineage(pointer["step"], pointer["files"])
     else:
-        folder = Path(s.resume_mode)
+        folder = Path(mode)
         if not folder.is_dir():
             raise BatonError(f"--resume {folder}: no such checkpoint folder (use auto, never or a folder)")
     st = ckstate.read_state(folder)
-    _check_drift(s, st)
+    allowed = _check_drift(s, st, allow_change)
     ckstate.load_checkpoint(folder, s.model, s.optimizer)
     cursor = Cursor.from_dict(st["cursor"])
-    if not s._allowed_changes:
+    if not allowed:  # a change allowed on purpose (--allow-change) may change what the cursor was made for
         s.data.check_cursor(cursor)
     if cursor.samples_consumed != st["step"] * cfg.train.global_batch:
         raise ResumeError(f"cursor has {cursor.samples_consumed} samples at step {st['step']}, expected "
                           f"{st['step'] * cfg.train.global_batch}")
-    s.step = st["step"]
-    s.resumed_from = s.step
+    step = st["step"]
     if st.get("scaler"):
         s.scaler.load_state_dict(st["scaler"])
     ranks = st["rng"]["ranks"]
@@ -105,18 +115,16 @@ def resume_session(s: Session) -> None:
         log.warning("checkpoint was written by %d ranks, this run has %d: accumulation is now %d micro-batches "
                     "per rank (same %d samples per step); reseeding RNGs deterministically",
                     len(ranks), s.world, s.accum, cfg.train.global_batch)
-        torch.manual_seed(cfg.train.seed + 1_000_003 * s.step + s.dist.rank)
-    from .core import Stats
-
-    s.stats = Stats(**{k: v for k, v in st.get("stats", {}).items() if k in Stats.__dataclass_fields__})
+        torch.manual_seed(cfg.train.seed + 1_000_003 * step + s.dist.rank)
     if s.dist.is_main and (folder / ckstate.METRICS_FILE).is_file():
         s.run_dir.mkdir(parents=True, exist_ok=True)
         # Lines past the checkpoint belong to work that was lost with the previous session.
         (s.run_dir / "metrics.jsonl").write_bytes((folder / ckstate.METRICS_FILE).read_bytes())
-    log.info("resumed at step %d (samples consumed %d)", s.step, cursor.samples_consumed)
+    log.info("resumed at step %d (samples consumed %d)", step, cursor.samples_consumed)
+    return Resumed(step=step, from_step=step, stats=Stats.from_checkpoint(st.get("stats", {})), parent=parent)
 
 
-def _finish_interrupted_push(s: Session, pointer: dict[str, Any] | None
+def _finish_interrupted_push(s: Parts, pointer: dict[str, Any] | None, allow_change: frozenset[str]
                              ) -> tuple[dict[str, Any] | None, Path | None]:
     """Rank 0: a session killed after saving a checkpoint and before the store verified it leaves the
     checkpoint on this machine's disk. If it continues the store's line of work and fits this config, run the
@@ -136,7 +144,7 @@ def _finish_interrupted_push(s: Session, pointer: dict[str, Any] | None
             log.info("%s does not continue the store's %s (another line of work); not pushed", local,
                      f"step {pointer['step']}" if pointer else "run, which has no checkpoint")
             return pointer, None
-        _check_drift(s, st)
+        _check_drift(s, st, allow_change)
     except Exception as e:  # noqa: BLE001 - a folder that cannot be judged is not pushed; the pointer stays
         log.warning("not pushing %s, left by an earlier session: %s", local, e)
         return pointer, None
@@ -159,7 +167,7 @@ def _finish_interrupted_push(s: Session, pointer: dict[str, Any] | None
     return new, folder
 
 
-def _continues(s: Session, st: dict[str, Any], pointer: dict[str, Any] | None) -> bool:
+def _continues(s: Parts, st: dict[str, Any], pointer: dict[str, Any] | None) -> bool:
     """Whether a local checkpoint follows the store's line of work: its parent is the pointer's checkpoint
     (step and weights); or, before any pointer, it is a first checkpoint saved by a session the store's
     ledger knows, so the run in the store was not deleted and started afresh since."""
@@ -179,17 +187,17 @@ def _newest_local(folder: Path, above: int) -> Path | None:
     return folder / f"step-{max(newer)}" if newer else None
 
 
-def _fresh_metrics(s: Session) -> None:
+def _fresh_metrics(s: Parts) -> None:
     # Rows left by a session killed before its first verified checkpoint describe lost work.
     if s.dist.is_main:
         (s.run_dir / "metrics.jsonl").unlink(missing_ok=True)
 
 
-def _check_drift(s: Session, st: dict[str, Any]) -> None:
-    """Refuse a checkpoint made for another model, geometry or data (every difference in one message)."""
-    s._allowed_changes = check_resume(st, s.cfg.to_dict(), s.total_steps, s.data.fingerprint,
-                                         s.data.permutation_fingerprint, s.tokenizer_sha256,
-                                         s.allow_change)
+def _check_drift(s: Parts, st: dict[str, Any], allow_change: frozenset[str]) -> list[Difference]:
+    """Refuse a checkpoint made for another model, geometry or data (every difference in one message);
+    returns the changes allowed on purpose (``--allow-change``) that the checkpoint does show."""
+    return check_resume(st, s.cfg.to_dict(), s.total_steps, s.data.fingerprint, s.data.permutation_fingerprint,
+                        s.tokenizer_sha256, allow_change)
 
 
 def _tidy_local(run_dir: Path, step: int) -> None:

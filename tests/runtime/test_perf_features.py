@@ -116,8 +116,8 @@ def test_session_compiles_only_when_asked_and_fuses_adamw(make_config):
         s = Session(cfg, resume="never", progress=False)
         try:
             assert cfg.train.compile is compiled
-            assert hasattr(s.micro_loss, "_torchdynamo_orig_callable") == compiled
-            assert s.optimizer.defaults["fused"] is True  # fused AdamW on CPU as on CUDA
+            assert hasattr(s.parts.micro_loss, "_torchdynamo_orig_callable") == compiled
+            assert s.parts.optimizer.defaults["fused"] is True  # fused AdamW on CPU as on CUDA
         finally:
             s.close()
 

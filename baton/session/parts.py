@@ -1,0 +1,123 @@
+"""The parts of a training session, built once before the loop and never replaced while it runs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..checkpoint.drift import tokenizer_sha256
+from ..config import Config
+from ..data.reader import WindowDataset
+from ..errors import ConfigError
+from ..model.llama import build_model, count_parameters, param_count
+from ..model.optimizer import adamw, check_precision
+from ..planning.ledger import SessionLedger
+from ..runtime import autotune, dist, logs, memory
+from ..runtime.device import pick_device
+from ..runtime.flops import FlopsInfo, session_flops
+from ..runtime.parallel import Parallel
+from ..store import RetryPolicy, Store, open_store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Parts:
+    cfg: Config  # with precision, compile and micro_batch "auto" resolved to what runs
+    device: torch.device
+    dist: dist.DistInfo
+    store: Store
+    ledger: SessionLedger | None  # rank 0's record of this session in the store; None on other ranks
+    data: WindowDataset
+    tokenizer_sha256: str
+    model: torch.nn.Module  # the plain model until resumed, then as wrapped for the layout (DDP, FSDP)
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    parallel: Parallel
+    micro_loss: Callable[..., torch.Tensor]  # forward under autocast, fp32 cross-entropy; compiled or not
+    autocast_dtype: torch.dtype | None
+    flops: FlopsInfo
+    n_params: int
+    perf_notes: dict[str, Any]  # how each "auto" setting was resolved
+    total_steps: int
+    stop_step: int  # where this session stops at the latest (--stop-after-steps, else the horizon)
+    micro_batch: int  # samples per forward pass
+    accum: int  # micro-batches per rank per optimizer step
+
+    @property
+    def run(self) -> str:
+        return self.cfg.run.name
+
+    @property
+    def run_dir(self) -> Path:
+        return self.cfg.run_dir
+
+    @property
+    def world(self) -> int:
+        return self.dist.world
+
+
+def build(cfg: Config, stop_after: int | None, started: float, deadline: float | None) -> Parts:
+    """Everything the loop calls, checked before anything long starts (memory, divisibility, vocabulary)."""
+    device = pick_device(cfg.train.device)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    info = dist.init(device.type, cfg.train.dist_timeout)
+    if device.type == "cuda":
+        device = torch.device("cuda", info.local_rank)
+    logs.setup(info.rank, cfg.run_dir / "logs")
+    total_steps = cfg.total_steps
+    world = info.world
+    memory.check_fits(param_count(cfg.model), cfg.train.parallel, world, device)
+    # precision, compile and micro_batch "auto" become concrete values in cfg (the saved config says what ran)
+    perf_notes = autotune.resolve(cfg, device, world)
+    micro_batch = cfg.train.micro_batch
+    assert isinstance(micro_batch, int), "autotune.resolve leaves no micro_batch 'auto'"
+    if cfg.train.global_batch % (micro_batch * world):
+        raise ConfigError(
+            f"train.global_batch={cfg.train.global_batch} is not divisible by micro_batch "
+            f"{micro_batch} x {world} ranks (change micro_batch or the number of ranks)"
+        )
+    store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
+    ledger = _open_ledger(cfg, store, info, device, started, deadline)
+    data = WindowDataset(cfg.data.dir, cfg.data.seq_len, cfg.data.shuffle_seed, cfg.data.val_windows)
+    # Checked now, not when the final export needs it hours later.
+    tok_sha256 = tokenizer_sha256(cfg.data.dir, data.manifest)
+    if data.vocab_size > cfg.model.vocab_size:
+        raise ConfigError(
+            f"the tokenizer in {cfg.data.dir} has {data.vocab_size} tokens but model.vocab_size is "
+            f"{cfg.model.vocab_size} (raise model.vocab_size to at least {data.vocab_size})"
+        )
+    model = build_model(cfg.model, device, seed=cfg.train.seed)
+    n_params = count_parameters(model)
+    if n_params != param_count(cfg.model):
+        raise RuntimeError(f"built model has {n_params} parameters, closed form says {param_count(cfg.model)}")
+    scaler = torch.amp.GradScaler(device.type, enabled=cfg.train.precision == "fp16")
+    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.precision)
+    check_precision(model, scaler, cfg.train.precision)
+    return Parts(
+        cfg=cfg, device=device, dist=info, store=store, ledger=ledger, data=data, tokenizer_sha256=tok_sha256,
+        model=model, optimizer=adamw(model, cfg, device), scaler=scaler,
+        parallel=Parallel(cfg.train.parallel, info.rank, world, device),
+        micro_loss=autotune.micro_loss_fn(autocast_dtype, compiled=bool(cfg.train.compile)),
+        autocast_dtype=autocast_dtype,
+        flops=session_flops(cfg.model, cfg.data.seq_len, device, cfg.train.precision, world),
+        n_params=n_params, perf_notes=perf_notes, total_steps=total_steps,
+        stop_step=min(stop_after, total_steps) if stop_after is not None else total_steps,
+        micro_batch=micro_batch, accum=cfg.train.global_batch // (micro_batch * world),
+    )
+
+
+def _open_ledger(cfg: Config, store: Store, info: dist.DistInfo, device: torch.device, started: float,
+                 deadline: float | None) -> SessionLedger | None:
+    if not info.is_main:
+        return None
+    b = cfg.budget
+    return SessionLedger(store, cfg.run.name, started, device=str(device), accelerators=info.world,
+                         bill_factor=b.bill_factor or float(info.world), tokens_per_step=cfg.tokens_per_step,
+                         deadline=deadline, heartbeat_every_s=b.heartbeat_minutes * 60)
