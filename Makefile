@@ -24,6 +24,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy baton
+	$(BIN)/lint-imports
 
 test: lint
 	$(BIN)/python -m pytest -q
