@@ -9,6 +9,7 @@ s: there is no iteration over earlier samples and no state other than the counte
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -152,21 +153,15 @@ class WindowDataset:
     def train_batch(self, start_sample: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.windows(self._block_ids(start_sample, count))
 
-    def rank_micro_batches(self, step: int, global_batch: int, micro_batch: int, rank: int, world: int):
-        """This rank's micro-batches of optimizer step ``step``: its contiguous share of the global batch.
+    def rank_rows(self, step: int, global_batch: int, rank: int, world: int) -> torch.Tensor:
+        """This rank's share of optimizer step ``step``: a contiguous slice of the global batch, as whole
+        windows (inputs and labels in one ``(global_batch // world, seq_len + 1)`` tensor), so a GPU gets the
+        share in one copy and slices the micro-batches there (``micro_batches``).
 
         Every rank slices the same global order, so the samples of a step do not depend on the world size.
         """
-        for t in self.rank_micro_rows(step, global_batch, micro_batch, rank, world):
-            yield t[:, :-1], t[:, 1:]
-
-    def rank_micro_rows(self, step: int, global_batch: int, micro_batch: int, rank: int, world: int):
-        """``rank_micro_batches`` as whole windows, inputs and labels in one (micro_batch, seq_len + 1) tensor,
-        so a GPU gets each micro-batch in one copy and slices it there."""
         per_rank = global_batch // world
-        ids = self._block_ids(step * global_batch + rank * per_rank, per_rank)
-        for j in range(0, per_rank, micro_batch):
-            yield self.rows(ids[j : j + micro_batch])
+        return self.rows(self._block_ids(step * global_batch + rank * per_rank, per_rank))
 
     def _block_ids(self, start: int, count: int) -> np.ndarray:
         """``train_window_ids(start, count)``; reading forward, as training does, is served from a block of
@@ -198,6 +193,12 @@ class WindowDataset:
                 "the checkpoint's data position does not apply to this data (" + "; ".join(diffs) + "); "
                 "resume with the data and settings it was trained on, or start a new run.name"
             )
+
+
+def micro_batches(rows: torch.Tensor, micro_batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(inputs, labels) of each micro-batch of a rank's share (``WindowDataset.rank_rows``), as views."""
+    for j in range(0, len(rows), micro_batch):
+        yield rows[j : j + micro_batch, :-1], rows[j : j + micro_batch, 1:]
 
 
 def prefix_collisions(ds: WindowDataset, k: int = 64) -> int:

@@ -24,6 +24,7 @@ from typing import Any, TextIO
 import torch
 
 from ..config import Config
+from ..data.reader import micro_batches
 from ..errors import BatonError
 from ..model.optimizer import adamw
 from ..planning.ledger import checkpoint_seconds, read_ledger
@@ -93,14 +94,15 @@ class Session:
         return self.parts.parallel.grad_sync(self.parts.model, enabled=last_micro)
 
     def micro_batches(self, step: int):
-        """This rank's micro-batches of global batch ``step``; notes a digest of each sample it reads."""
+        """This rank's micro-batches of global batch ``step`` (``data.reader``: ``rank_rows`` sliced by
+        ``micro_batches``, the path the reader's tests check); notes a digest of each sample it reads."""
         p = self.parts
         gb, mb = p.cfg.train.global_batch, p.micro_batch
         per_rank = gb // p.world
         # The rank's whole share at once: one read, one pass of digests, one pinned asynchronous copy to the
         # GPU; the micro-batches are slices of it. (Host work between the model's kernels is what a step
         # pays for beyond a bare loop, so it is done once per step, not once per micro-batch.)
-        (t,) = p.data.rank_micro_rows(step, gb, per_rank, p.dist.rank, p.world)
+        t = p.data.rank_rows(step, gb, p.dist.rank, p.world)
         digests = self._batch_rows.numpy()  # a view of the tensor reduce_step reads
         digests[:] = 0.0
         pos = p.dist.rank * per_rank  # where this rank's share starts in the global batch
@@ -108,8 +110,7 @@ class Session:
             digests[pos + i] = _row_digest(row)
         if p.device.type == "cuda":
             t = t.pin_memory().to(p.device, non_blocking=True)
-        for j in range(0, per_rank, mb):
-            yield t[j : j + mb, :-1], t[j : j + mb, 1:]
+        return micro_batches(t, mb)
 
     def reduce_step(self, loss: float) -> tuple[float, str]:
         """Mean loss over ranks and the digest of the whole global batch, in one collective.

@@ -11,13 +11,13 @@ import sys
 
 import numpy as np
 
-from baton.data.reader import WindowDataset
+from baton.data.reader import WindowDataset, micro_batches
 
 SEQ, GB, MB, WORLD = 32, 64, 16, 2
 
 RESUMED = f"""
 import hashlib, json, sys
-from baton.data.reader import Cursor, WindowDataset
+from baton.data.reader import Cursor, WindowDataset, micro_batches
 results = []
 for folder, val, saved, steps in json.loads(sys.stdin.read()):
     cursor = Cursor.from_dict(saved)
@@ -27,7 +27,7 @@ for folder, val, saved, steps in json.loads(sys.stdin.read()):
     for step in range(cursor.step, cursor.step + steps):
         h = hashlib.sha256()
         for rank in range({WORLD}):
-            for x, y in ds.rank_micro_batches(step, {GB}, {MB}, rank, {WORLD}):
+            for x, y in micro_batches(ds.rank_rows(step, {GB}, rank, {WORLD}), {MB}):
                 h.update(x.numpy().tobytes()); h.update(y.numpy().tobytes())
         out.append(h.hexdigest())
     results.append(out)
@@ -40,7 +40,7 @@ def _digests(ds: WindowDataset, first: int, count: int) -> list[str]:
     for step in range(first, first + count):
         h = hashlib.sha256()
         for rank in range(WORLD):
-            for x, y in ds.rank_micro_batches(step, GB, MB, rank, WORLD):
+            for x, y in micro_batches(ds.rank_rows(step, GB, rank, WORLD), MB):
                 h.update(x.numpy().tobytes())
                 h.update(y.numpy().tobytes())
         out.append(h.hexdigest())

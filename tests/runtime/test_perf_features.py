@@ -11,7 +11,7 @@ import torch
 
 from baton.config import ModelConfig, load_config
 from baton.data import reader as reader_mod
-from baton.data.reader import WindowDataset
+from baton.data.reader import WindowDataset, micro_batches
 from baton.model.llama import build_model
 from baton.runtime.autotune import choose_micro_batch, micro_batch_candidates, micro_loss_fn, resolve
 from baton.runtime.flops import flops_per_token, matmul_params, mfu, peak_flops
@@ -146,7 +146,7 @@ def test_rank_micro_batches_equal_the_global_order(prepared_data, monkeypatch):
         per_rank = gb // world
         for step in steps:
             for rank in range(world):
-                got = list(ds.rank_micro_batches(step, gb, mb, rank, world))
+                got = list(micro_batches(ds.rank_rows(step, gb, rank, world), mb))
                 for j, (x, y) in enumerate(got):
                     ex, ey = ref.train_batch(step * gb + rank * per_rank + j * mb, mb)
                     assert torch.equal(x, ex) and torch.equal(y, ey)
