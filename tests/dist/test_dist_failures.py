@@ -12,18 +12,16 @@ from baton.runtime.launch import LaunchSpec, parse_rank_log, torchrun_command
 from support.distrun import ROOT, rank_env
 
 # Gloo notices a dead peer as soon as its socket closes and torchrun tears the group down on the first
-# failed worker; the collective timeout (train.dist_timeout) is only the last resort. Generous for a
-# loaded two-core machine, far below the 600 s timeout.
-FAILURE_BOUND_S = 90
+# failed worker; the collective timeout (train.dist_timeout) is only the last resort. It is set far past
+# the run's own ceiling (distrun.RUN_TIMEOUT_S), so a failure noticed only through it fails the test as a
+# hang, whatever the machine's speed.
+DIST_TIMEOUT_S = 7200
 
 
 def test_one_rank_failing_stops_every_rank_and_the_launcher_prints_its_traceback(runs):
-    t0 = time.monotonic()
-    run = runs.train("fault", "--nproc", "2", "--set", "train.steps=200", env={"BATON_FAULT_AT": "1:3"},
-                     expect_ok=False)
-    elapsed = time.monotonic() - t0
+    run = runs.train("fault", "--nproc", "2", "--set", "train.steps=200", "--set",
+                     f"train.dist_timeout={DIST_TIMEOUT_S}", env={"BATON_FAULT_AT": "1:3"}, expect_ok=False)
     assert run.proc.returncode != 0
-    assert elapsed < FAILURE_BOUND_S
     # Every process ended through its own error path, non-zero, with the record in its own log.
     for rank in (0, 1):
         status = re.search(rf"EXIT rank={rank} status=(-?\d+)$", run.log(rank), re.M)

@@ -8,7 +8,6 @@ all-reduces can. One gloo process group of one rank, in this process.
 from __future__ import annotations
 
 import datetime
-import socket
 
 import pytest
 import torch
@@ -18,11 +17,9 @@ from baton.runtime.parallel import Parallel
 
 
 @pytest.fixture
-def group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+def group(tmp_path):
+    # A file rendezvous: no port to pick, so none another process can take first.
+    tdist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1,
                              timeout=datetime.timedelta(seconds=30))
     yield
     tdist.destroy_process_group()

@@ -58,7 +58,12 @@ def rank_env(extra: dict | None = None) -> dict:
     return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(extra or {})}
 
 
-def baton_train(cfg: Path, *args: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+# A ceiling that only catches a hang: a few-step run takes seconds on a quiet machine, minutes under load.
+RUN_TIMEOUT_S = 900
+
+
+def baton_train(cfg: Path, *args: str, env: dict | None = None,
+                timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "baton.cli", "train", "--config", str(cfg), "--no-progress", *args],
                           cwd=ROOT, env=rank_env(env), capture_output=True, text=True, timeout=timeout)
 
@@ -89,7 +94,20 @@ class Runs:
 
     def train_nodes(self, name: str, nodes: int, *args: str) -> list[Run]:
         """``nodes`` launchers of one process each, meeting at a c10d rendezvous on 127.0.0.1, as on a cluster
-        (each node starts its own torchrun agent); here the "nodes" share the machine and the run folder."""
+        (each node starts its own torchrun agent); here the "nodes" share the machine and the run folder.
+
+        The rendezvous port is picked free, then bound by the first node's agent: another process may take it
+        in between, so a launch that finds it taken is retried on a new port (a fresh run folder)."""
+        for attempt in range(3):
+            runs = self._train_nodes(name if attempt == 0 else f"{name}-retry{attempt}", nodes, *args)
+            if not any(r.proc.returncode and "address already in use" in r.proc.stderr.lower() for r in runs):
+                break
+        for r in runs:
+            if r.proc.returncode != 0:
+                raise AssertionError(f"node exited {r.proc.returncode}\n{r.proc.stdout}\n{r.proc.stderr}")
+        return runs
+
+    def _train_nodes(self, name: str, nodes: int, *args: str) -> list[Run]:
         base, cfg, store = self.new(name)
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
@@ -100,18 +118,14 @@ class Runs:
         procs = [subprocess.Popen(cmd, cwd=ROOT, env=rank_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True) for _ in range(nodes)]
         try:
-            outs = [p.communicate(timeout=180) for p in procs]
+            outs = [p.communicate(timeout=RUN_TIMEOUT_S) for p in procs]
         finally:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
-        runs = [Run(base, cfg, store, base / "runs" / "test",
+        return [Run(base, cfg, store, base / "runs" / "test",
                     subprocess.CompletedProcess(cmd, p.returncode, out, err), time.monotonic() - t0)
                 for p, (out, err) in zip(procs, outs)]
-        for r in runs:
-            if r.proc.returncode != 0:
-                raise AssertionError(f"node exited {r.proc.returncode}\n{r.proc.stdout}\n{r.proc.stderr}")
-        return runs
 
 
 # ------------------------------------------------------------------ comparing runs (tolerances: test_dist_runs)

@@ -22,11 +22,17 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# The moto server in its own process, bound to a port of the kernel's choice (port 0), which it prints:
+# no port is picked first and bound later, so no other process can take it in between.
+MOTO_MAIN = """
+import os, threading
+from moto.server import ThreadedMotoServer
+server = ThreadedMotoServer("127.0.0.1", 0, verbose=False)
+server.start()
+print(server.get_host_and_port()[1], flush=True)
+os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # nothing more to say; no pipe to fill
+threading.Event().wait()
+"""
 
 
 def wait_http(url: str, timeout: float = 20.0, proc: subprocess.Popen | None = None) -> None:
@@ -45,17 +51,23 @@ def wait_http(url: str, timeout: float = 20.0, proc: subprocess.Popen | None = N
 
 
 class MotoServer:
-    """``python -m moto.server`` on a free port of 127.0.0.1, in its own process."""
+    """The moto S3 server on 127.0.0.1, in its own process, on the port the kernel gave it."""
 
     def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port = 0
+        self.url = ""
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> MotoServer:
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        self.proc = subprocess.Popen([sys.executable, "-c", MOTO_MAIN], stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not line.strip().isdigit():
+            self.stop()
+            raise RuntimeError(f"the moto server did not start (exit status {self.proc.poll()})")
+        self.port = int(line)
+        self.url = f"http://127.0.0.1:{self.port}"
         wait_http(self.url + "/moto-api/", proc=self.proc)
         return self
 
