@@ -31,8 +31,8 @@ def run_ledger(args, cfg: Config) -> int:
         return 0
     print(f"ledger of {', '.join(runs)} in {store.describe()}")
     print(L.format_ledger(records, t))
-    for p in problems:
-        print(f"problem: {p}")
+    for problem in problems:
+        print(f"problem: {problem}")
     return 0
 
 
