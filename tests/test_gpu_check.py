@@ -16,8 +16,9 @@ RUN_ON_CPU = ("fp16", "bf16", "fp32", "base", "resume_det", "resume_nondet", "ck
 
 def test_gpu_check_smoke(tmp_path):
     out = tmp_path / "gpu_check.json"
-    p = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--smoke", "--out", str(out), "--work",
-                        str(tmp_path / "work")], cwd=ROOT, capture_output=True, text=True, timeout=1200,
+    cmd = [sys.executable, "benchmarks/gpu_check.py", "--smoke", "--out", str(out), "--work", str(tmp_path / "work")]
+    # The timeout only catches a hang: the run takes seconds on a quiet machine, minutes on a loaded one.
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200, check=False,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
     res = json.loads(out.read_text())
