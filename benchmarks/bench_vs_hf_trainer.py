@@ -70,7 +70,7 @@ def race(cfg, work: Path, steps: int, warmup: int, progress: bool = True) -> dic
     """baton and the Trainer on ``cfg`` in one process, taking strict turns step by step; steady tokens/s.
 
     ``cfg`` must be a fresh run (its run folder and store prefix are wiped first) with concrete settings:
-    both sides train the same shape from the same weights on the same windows with the same optimizer.
+    both sides train the same shape from the same seed on the same windows with the same optimizer.
     """
     import torch
     from transformers import TrainerCallback
