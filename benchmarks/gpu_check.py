@@ -14,8 +14,9 @@ fall: from ln 49,152 = 10.8 towards ln 256 = 5.5).
               no activation checkpointing), compile, flash2 (flash_attention_2 where the package is installed
               and the GPU is sm80+; refused with baton's own one-line error otherwise), eager,
               ckpt (activation checkpointing), fused_ce (liger-kernel's fused linear cross-entropy at
-              vocabulary 49,152, where installed): tokens/s (median step), MFU (baton/flops.py) and peak
-              memory allocated each.
+              vocabulary 49,152, where installed), compile_fused (both: the defaults on CUDA with liger-kernel
+              installed; last, so the budget may leave it out: run it with --cases): tokens/s (median step),
+              MFU (baton/flops.py) and peak memory allocated each.
   micro_auto  the probe's choice in the base case (every micro-batch tried, its peak, the one kept) and
               that training at it did not run out of memory.
   resume      12 steps of 8 x 512 tokens: stop at half the horizon, wipe the local run folder, resume from
@@ -80,10 +81,12 @@ CASES = {
     "ckpt": ("speed", ["model.grad_ckpt=true"]),
     "eager": ("speed", ["model.attn=eager"]),
     "fused_ce": ("speed", ["train.fused_ce=true"]),
+    # What precision, compile and fused_ce "auto" give on CUDA with liger-kernel installed.
+    "compile_fused": ("speed", ["train.compile=true", "train.fused_ce=true"]),
 }
-NEEDS_CUDA = ("flash2", "fused_ce")
+NEEDS_CUDA = ("flash2", "fused_ce", "compile_fused")
 # Cases whose setting baton itself may refuse on this machine (its one-line error): reported as skipped.
-MAY_REFUSE = ("flash2", "fused_ce")
+MAY_REFUSE = ("flash2", "fused_ce", "compile_fused")
 
 # Sizes per group: (GPU, smoke). steps: optimizer steps (precision, resume), measured steps after warmup
 # (speed, trainer).
