@@ -96,6 +96,8 @@ class TrainConfig:
     global_batch: int = 16  # samples per optimizer step over all ranks (accumulation is derived)
     precision: str = "fp32"  # fp32 | bf16 | fp16 (+ GradScaler) | auto (bf16 Ampere+, fp16 older GPUs, fp32 CPU)
     compile: bool | str = "auto"  # torch.compile model + loss: auto (on for CUDA, off on CPU) | true | false
+    fused_ce: bool | str = "auto"  # output head + cross-entropy in one kernel (liger-kernel): auto (CUDA, if installed) | true | false
+    deterministic: bool = False  # deterministic kernels + fixed cuBLAS workspace: bit-identical resume on CUDA, costs speed
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 0  # model init and dropout-free RNG seed
     threads: int = 0  # torch CPU threads (0 = torch's default)
@@ -398,6 +400,8 @@ def _semantic_problems(cfg: Config) -> list[str]:
         p.append(f"train.precision={t.precision!r} is not one of {', '.join(PRECISIONS)}")
     if isinstance(t.compile, str) and t.compile != "auto":
         p.append(f"train.compile={t.compile!r} is not auto, true or false")
+    if isinstance(t.fused_ce, str) and t.fused_ce != "auto":
+        p.append(f"train.fused_ce={t.fused_ce!r} is not auto, true or false")
     if t.device not in ("auto", "cpu", "cuda") and not str(t.device).startswith("cuda:"):
         p.append(f"train.device={t.device!r} is not auto, cpu or cuda")
     for k in ("ckpt_every", "threads"):

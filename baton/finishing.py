@@ -113,6 +113,8 @@ def summary(s: Session, tokens_per_s: float) -> dict[str, Any]:
         **s.flops.summary(tokens_per_s),
         "precision": s.cfg.train.precision,
         "compile": s.cfg.train.compile,
+        "fused_ce": s.cfg.train.fused_ce,
+        "deterministic": s.cfg.train.deterministic,
         "micro_batch": s.cfg.train.micro_batch,
         "accumulation": s.accum,
         "auto_settings": s.perf_notes,

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from . import checkpointing, dist, memory, perf
+from . import attention, checkpointing, determinism, dist, memory, perf
 from .checkpoint.cycle import PushResult
 from .checkpoint.pusher import PushFailed, Pusher
 from .config import Config
@@ -57,12 +57,15 @@ class Session:
         # The session's clock starts when `baton train` started (``started``), not here: the platform's does.
         self.t_start = started if started is not None else time.time()
         self.deadline = deadline
+        if cfg.train.deterministic:
+            determinism.enable()  # before anything touches the GPU
         self.device = _pick_device(cfg.train.device)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.dist = dist.init(self.device.type, cfg.train.dist_timeout)
         if self.device.type == "cuda":
             self.device = torch.device("cuda", self.dist.local_rank)
+        attention.check(cfg.model.attn, self.device)  # one line now, not a kernel error after set-up
         self.run = cfg.run.name
         self.run_dir = cfg.run_dir
         from . import logs
@@ -102,7 +105,8 @@ class Session:
         self.optimizer = adamw(self.model, cfg, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.train.precision == "fp16")
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.precision)
-        self.micro_loss = perf.micro_loss_fn(self.autocast_dtype, compiled=bool(cfg.train.compile))
+        self.micro_loss = perf.micro_loss_fn(self.autocast_dtype, compiled=bool(cfg.train.compile),
+                                             fused=bool(cfg.train.fused_ce))
         self.flops = session_flops(cfg.model, cfg.data.seq_len, self.device, cfg.train.precision, self.world)
         self._assert_precision()
         self.step = 0
