@@ -37,6 +37,15 @@ class LaunchFailed(BatonError):
         self.status = status
 
 
+def _console() -> int:
+    """Show baton's log lines on stderr (in a notebook: the cell), as the CLI does; returns this rank."""
+    from . import logs
+
+    rank = int(os.environ.get("RANK", 0))
+    logs.setup(rank)
+    return rank
+
+
 def load_config(path: str | Path | None = None,
                 overrides: Mapping[str, Any] | Iterable[str] | None = None) -> Config:
     """Read a TOML config (or start from the defaults when ``path`` is None) and apply overrides.
@@ -59,6 +68,7 @@ def prepare(cfg: Config, *, force: bool = False, progress: bool = True) -> dict[
     """Tokenize the configured sources into ``data.dir``; returns the manifest. Reuses a matching folder."""
     from .data.prepare import prepare as run_prepare
 
+    _console()
     m = run_prepare(cfg, force=force, progress=progress)
     print(f"prepared {cfg.data.dir}: {m['total_tokens']:,} tokens in {m['n_shards']} shards, "
           f"vocab {m['tokenizer']['vocab_size']}, fingerprint {m['fingerprint']}")
@@ -81,6 +91,7 @@ def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = N
     from .launch import LaunchSpec
     from .planning import session_clock
 
+    rank = _console()
     cfg.validate()  # a config changed in place since it was loaded is checked again
     if stop_after_steps is not None and stop_after_steps <= 0:
         raise BatonError(f"--stop-after-steps must be a positive step number, got {stop_after_steps}")
@@ -97,7 +108,6 @@ def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = N
     from . import dist, logs
     from .train import run
 
-    rank = int(os.environ.get("RANK", 0))
     # This rank's log file from the start, so a failure before training still lands in it.
     logs.setup(rank, cfg.run_dir / "logs")
     summary = run(cfg, resume=resume, stop_after=stop_after_steps, progress=progress, deadline=stop_at,
@@ -154,6 +164,7 @@ def status(cfg: Config) -> dict[str, Any]:
     """What the store holds for the run: pointer, verified checkpoints, tokens, measured rate, ETA, ledger."""
     from .status import status as run_status
 
+    _console()
     return run_status(cfg)
 
 
@@ -167,6 +178,7 @@ def plan(cfg: Config | None = None, **options: Any) -> dict[str, Any]:
     from .plan import plan as make_plan
     from .planning import format_plan, plan_input
 
+    _console()
     parser = build_parser()
     args = parser.parse_args(["plan"])
     sub = next(a for a in parser._subparsers._group_actions if a.dest == "command").choices["plan"]
@@ -187,6 +199,7 @@ def export(cfg: Config, out: str | Path, source: str = "store") -> Path:
     Face model folder; returns it."""
     from .export import export_run
 
+    _console()
     path = export_run(cfg, source, Path(out))
     print(f"exported to {path}")
     return path
