@@ -109,7 +109,7 @@ def test_kaggle_notebook_trains_on_two_ranks_with_their_output_in_the_cell(kerne
 
 
 def test_a_wrong_token_is_one_line_in_the_cell(kernel_manager, prepared_data, tmp_path, monkeypatch):
-    sys.path.insert(0, str(ROOT / "tests" / "store"))
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "store"))
     from store_hub_server import HubServer
 
     hub = HubServer(tmp_path / "hub").start()
