@@ -154,12 +154,9 @@ def _load(args):
 
 
 def cmd_prepare(args) -> int:
-    from .data.prepare import prepare
+    from .api import prepare
 
-    cfg = _load(args)
-    m = prepare(cfg, force=args.force, progress=not args.no_progress)
-    print(f"prepared {cfg.data.dir}: {m['total_tokens']:,} tokens in {m['n_shards']} shards, "
-          f"vocab {m['tokenizer']['vocab_size']}, fingerprint {m['fingerprint']}")
+    prepare(_load(args), force=args.force, progress=not args.no_progress)
     return 0
 
 
@@ -169,84 +166,26 @@ def cmd_train(args) -> int:
     if args.verify is not None:
         args.overrides = [*args.overrides, f"store.verify={args.verify}"]
     cfg = _load(args)
-    if args.stop_after_steps is not None and args.stop_after_steps <= 0:
-        raise BatonError(f"--stop-after-steps must be a positive step number, got {args.stop_after_steps}")
-    if args.nproc < 1:
-        raise BatonError(f"--nproc must be >= 1, got {args.nproc}")
-    from .drift import validate_allowed
-
-    allow_change = tuple(sorted(validate_allowed(args.allow_change)))
-    from .planning import train_clock
-
-    # The budget counts from this command's start (the platform's clock), also for the ranks of a launch.
-    started, deadline = train_clock(args, cfg)
-    if "RANK" not in os.environ and (args.nproc > 1 or args.nnodes != "1" or args.rdzv_endpoint or args.master_addr):
-        return _launch_torchrun(args, cfg)
-    from . import logs
-    from .train import run
-
-    # This rank's log file from the start, so a failure before training still lands in it.
-    logs.setup(int(os.environ.get("RANK", 0)), cfg.run_dir / "logs")
-
-    summary = run(cfg, resume=args.resume, stop_after=args.stop_after_steps, progress=not args.no_progress,
-                  deadline=deadline, started=started, allow_change=allow_change)
-    from . import dist
-
-    dist.shutdown()  # a clean exit leaves no process group behind (NCCL warns, and may hang, otherwise)
-    if summary.get("val_loss") is not None and int(os.environ.get("RANK", 0)) == 0:
-        print(f"final validation: loss {summary['val_loss']:.4f}, perplexity {summary['val_ppl']:.2f}")
-    return 0
-
-
-# Flags of `baton train` that configure the launcher; every other flag is passed on to each rank.
-_LAUNCH_DESTS = {"nproc", "nnodes", "rdzv_endpoint", "rdzv_id", "rdzv_backend", "master_addr", "master_port",
-                 "node_rank", "shutdown_timeout"}
-
-
-def _launch_torchrun(args, cfg) -> int:
-    """Re-run this command under torchrun with the training *module* (never the interpreter as a script)."""
-    from .launch import LaunchSpec, check_geometry, launch
+    from .api import LaunchFailed, train
+    from .launch import LaunchSpec
 
     spec = LaunchSpec(nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
                       master_port=args.master_port, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
                       rdzv_backend=args.rdzv_backend, shutdown_timeout=args.shutdown_timeout)
-    spec.check()
-    check_geometry(spec, cfg.train.global_batch, cfg.train.micro_batch)
-    return launch(spec, _rank_argv(args), cfg.run_dir / "logs", cfg.run.name)
-
-
-def _rank_argv(args) -> list[str]:
-    """The train flags as given, minus the launcher's: rebuilt from the parser, so new flags pass on too."""
-    parser = build_parser()
-    train = next(a for a in parser._subparsers._group_actions if isinstance(a, argparse._SubParsersAction))
-    out: list[str] = []
-    for action in train.choices["train"]._actions:
-        if not action.option_strings or action.dest in _LAUNCH_DESTS or action.dest == "help":
-            continue
-        value, flag = getattr(args, action.dest, None), action.option_strings[-1]
-        if flag.startswith("-") and not flag.startswith("--"):
-            flag = next((o for o in action.option_strings if o.startswith("--")), flag)
-        if value is None or value == action.default:
-            continue
-        if isinstance(action, argparse._StoreTrueAction):
-            out.append(flag)
-        elif isinstance(action, argparse._StoreFalseAction):
-            out.append(flag)
-        elif isinstance(action, argparse._AppendAction):
-            for v in value:
-                out += [flag, str(v)]
-        elif isinstance(value, (list, tuple)):  # nargs
-            out += [flag, *map(str, value)]
-        else:
-            out += [flag, str(value)]
-    return out
+    try:
+        # A terminal shows the ranks' output directly: no copy through this process.
+        train(cfg, resume=args.resume, stop_after_steps=args.stop_after_steps, session_hours=args.session_hours,
+              deadline=args.deadline, allow_change=args.allow_change, progress=not args.no_progress, launch=spec,
+              session_start=args.session_start, stream_output=False)
+    except LaunchFailed as e:
+        return e.status  # the ranks' errors and the launcher's report are printed already
+    return 0
 
 
 def cmd_export(args) -> int:
-    from .export import export_run
+    from .api import export
 
-    out = export_run(_load(args), args.source, Path(args.out))
-    print(f"exported to {out}")
+    export(_load(args), Path(args.out), args.source)
     return 0
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tomllib
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -17,6 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib  # novermin: imported only where the standard library has it
+else:  # Python 3.10: the same parser, as the tomli package (a dependency there)
+    import tomli as tomllib
 
 ATTN_IMPLS = ("eager", "sdpa", "flash_attention_2")
 PRECISIONS = ("fp32", "bf16", "fp16", "auto")
@@ -193,9 +198,11 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
         if not p.is_file():
             raise ConfigError(f"config file {p} not found (pass --config with an existing TOML file)")
         try:
-            raw = tomllib.loads(p.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
+            # JSON: the resolved config as a checkpoint or a launcher saved it (`baton config` prints it too).
+            raw = json.loads(p.read_text(encoding="utf-8")) if p.suffix == ".json" else \
+                tomllib.loads(p.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+            raise ConfigError(f"config file {p} is not valid {p.suffix == '.json' and 'JSON' or 'TOML'}: {e}") from None
     problems: list[str] = []
     for item in overrides:
         _apply_override(raw, item, problems)

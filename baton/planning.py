@@ -87,24 +87,22 @@ def add_plan_parsers(sub, config_args) -> None:
 # ------------------------------------------------------------------------------------- train clock
 
 
-def train_clock(args, cfg: Config) -> tuple[float, float | None]:
-    """(start, deadline) of this `baton train`, in epoch seconds; sets ``args`` up to pass both to the ranks
-    of a launch as absolute values, so every rank stops by the launcher's clock."""
+def session_clock(cfg: Config, session_start: float | None, session_hours: float | str | None,
+                  deadline: str | None) -> tuple[float, float | None]:
+    """(start, deadline) of a `baton train`, in epoch seconds. The budget counts from ``session_start``, else
+    from this process's start (the platform's clock); the earlier of the two limits wins."""
     from .budget import process_start_time
 
-    started = args.session_start if args.session_start is not None else process_start_time()
-    hours = parse_hours(args.session_hours, "--session-hours") if args.session_hours else cfg.budget.session_hours
+    started = session_start if session_start is not None else process_start_time()
+    hours = parse_hours(session_hours, "--session-hours") if session_hours else cfg.budget.session_hours
     deadlines = []
     if hours:
         if hours <= 0:
-            raise BatonError(f"--session-hours must be > 0, got {args.session_hours}")
+            raise BatonError(f"--session-hours must be > 0, got {session_hours}")
         deadlines.append(started + hours * HOUR)
-    if args.deadline:
-        deadlines.append(parse_instant(args.deadline, "--deadline").timestamp())
-    deadline = min(deadlines) if deadlines else None
-    args.session_start, args.session_hours = started, None
-    args.deadline = datetime.fromtimestamp(deadline, timezone.utc).isoformat() if deadline else None
-    return started, deadline
+    if deadline:
+        deadlines.append(parse_instant(deadline, "--deadline").timestamp())
+    return started, (min(deadlines) if deadlines else None)
 
 
 # -------------------------------------------------------------------------------------------- bench
