@@ -52,21 +52,28 @@ def local_manifest(folder: Path) -> dict[str, dict[str, Any]]:
     }
 
 
+def store_key(prefix: str, name: str) -> str:
+    """``name`` under ``prefix``; the empty prefix is the store's root (where a published dataset lives)."""
+    return f"{prefix}/{name}" if prefix else name
+
+
 def verify_remote(store: Store, prefix: str, files: dict[str, dict[str, Any]], local: Path, mode: str = "sample",
-                  rng: random.Random | None = None) -> None:
+                  rng: random.Random | None = None, what: str = "") -> None:
     """Prove the store holds ``files`` under ``prefix``: its listing, then bytes read back.
 
     Raises VerificationError listing every problem; any exception while reading back is a problem, never
-    dropped (a listing alone once passed a checkpoint whose read-back was a 404).
+    dropped (a listing alone once passed a checkpoint whose read-back was a 404). ``what`` names the
+    files in messages (default: the checkpoint at ``prefix``).
     """
     rng = rng or random.Random()
+    what = what or f"checkpoint {prefix}"
     problems: list[str] = []
     try:
-        listing = store.list(prefix + "/")
+        listing = store.list(prefix + "/" if prefix else "")
     except Exception as e:
-        raise VerificationError(f"could not list {prefix}/ in {store.describe()}: {e}") from None
+        raise VerificationError(f"could not list {prefix or '/'} in {store.describe()}: {e}") from None
     for name, want in files.items():
-        key = f"{prefix}/{name}"
+        key = store_key(prefix, name)
         got = listing.get(key)
         if got is None:
             problems.append(f"{name}: not listed by the store")
@@ -77,21 +84,21 @@ def verify_remote(store: Store, prefix: str, files: dict[str, dict[str, Any]], l
             problems.append(f"{name}: store lists no sha256")
         elif got.sha256 != want["sha256"]:
             problems.append(f"{name}: store lists sha256 {got.sha256[:12]}…, pushed {want['sha256'][:12]}…")
-    sources = sorted({listing[f"{prefix}/{n}"].source for n in files if f"{prefix}/{n}" in listing} - {""})
+    sources = sorted({listing[store_key(prefix, n)].source for n in files if store_key(prefix, n) in listing} - {""})
     for name, want in files.items():
         if any(p.startswith(f"{name}:") for p in problems):
             continue
         try:
-            _read_back(store, f"{prefix}/{name}", local / name, want["size"], mode, rng)
+            _read_back(store, store_key(prefix, name), local / name, want["size"], mode, rng)
         except VerificationError as e:
             problems.append(f"{name}: {e}")
         except Exception as e:  # a 404, a reset connection, a bad status: all fail verification
             problems.append(f"{name}: read-back failed: {type(e).__name__}: {e}")
     if problems:
         raise VerificationError(
-            f"checkpoint {prefix} failed verification in {store.describe()}: " + "; ".join(problems)
+            f"{what} failed verification in {store.describe()}: " + "; ".join(problems)
         )
-    log.info("verified %s: %d files, sizes and sha256 (%s) and %s read-back", prefix, len(files),
+    log.info("verified %s: %d files, sizes and sha256 (%s) and %s read-back", what, len(files),
              "; ".join(sources) or "no source", "full" if mode == "full" else "windowed")
 
 
