@@ -111,9 +111,9 @@ def ensure_data(cfg: Config) -> DataSource | None:
                         f"{MANIFEST}: the folder is damaged and baton does not write into it; restore it, or set "
                         "data.dir to another folder to pull a copy")
     pulled_bytes = 0
-    if todo:
-        pulled_bytes = _pull(store, local, todo, files, cfg, known)
     if not in_place and (todo or not current):
+        _clear_for(local, files)
+        pulled_bytes = _pull(store, local, todo, files, cfg, known) if todo else 0
         _write_atomically(local / MANIFEST, raw.encode("utf-8"))
     _save_record(record_path, local, m["fingerprint"], known)
     src = DataSource(where, m["fingerprint"], len(files), len(todo), pulled_bytes, len(hashed) + len(todo),
@@ -140,20 +140,24 @@ def _judge(path: Path, want: dict[str, Any], rec: list | None) -> tuple[str, lis
     return "hashed", stamp
 
 
-def _pull(store, local: Path, names: list[str], files: dict[str, dict[str, Any]], cfg: Config,
-          known: dict[str, list]) -> int:
+def _clear_for(local: Path, files: dict[str, dict[str, Any]]) -> None:
+    """Make ``local`` ready to take this dataset: no manifest while it changes (a kill then leaves a folder
+    training will not take), no leftovers of a killed pull, no shard of another dataset."""
     try:
         local.mkdir(parents=True, exist_ok=True)
-        # No manifest while the folder is being changed: a kill now leaves a folder training will not take.
         (local / MANIFEST).unlink(missing_ok=True)
         for p in list(local.glob("*.pull")) + list(local.glob("*.pull.partial")):
-            p.unlink()  # left by a killed pull; never under a final name
+            p.unlink()
         for p in local.glob("shard-*.bin"):
             if p.name not in files:
-                p.unlink()  # a shard of another dataset would disagree with this manifest
+                p.unlink()
     except OSError as e:
         raise DataError(f"cannot write into data.dir {local} to pull the dataset ({e.strerror or e}); set data.dir "
                         "to a writable folder") from None
+
+
+def _pull(store, local: Path, names: list[str], files: dict[str, dict[str, Any]], cfg: Config,
+          known: dict[str, list]) -> int:
     log.info("pulling %d of %d files (%s MB) from %s into %s", len(names), len(files),
              f"{sum(files[n]['size'] for n in names) / 1e6:,.1f}", store.describe(), local)
 
