@@ -125,6 +125,11 @@ def test_prepare_once_publish_train_anywhere_bit_identical(kind, reference, prep
         status = zyg.run(["status", "-c", cfg], tmp_path / "out")
         assert f"fingerprint {fingerprint} (pulled into {fresh}" in status.stdout
         assert "last data pull:" in status.stdout and "5 files" in status.stdout
+        pf = zyg.run(["preflight", "-c", cfg, "--out", tmp_path / "pf", "--stages", "data"], tmp_path / "out")
+        assert pf.returncode == 0, pf.stderr[-3000:]
+        report = (tmp_path / "pf" / "report.md").read_text()
+        assert "The data on this machine: where it came from, how long the pull took" in report
+        assert "data from S3 store" in report and "5 reused as verified before" in report
 
 
 def wait_for(cond, child, what: str, timeout: float = 120) -> None:
