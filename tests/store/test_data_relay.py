@@ -99,7 +99,8 @@ def test_prepare_once_publish_train_anywhere_bit_identical(kind, reference, prep
     r = zyg.run(["prepare", "-c", config(tmp_path, "publish", prepared_data, url), "--publish", "--no-progress"],
                 tmp_path / "out")
     assert r.returncode == 0, r.stderr[-3000:]
-    fingerprint = json.loads((prepared_data / MANIFEST).read_text())["fingerprint"]
+    prepared = json.loads((prepared_data / MANIFEST).read_text())
+    fingerprint = prepared["fingerprint"]
     assert f"5 uploaded (0.3 MB), 0 already held and verified, 0 stale removed; fingerprint {fingerprint}" in r.stdout
 
     fresh = tmp_path / "fresh-machine" / "data"
@@ -125,6 +126,11 @@ def test_prepare_once_publish_train_anywhere_bit_identical(kind, reference, prep
         status = zyg.run(["status", "-c", cfg], tmp_path / "out")
         assert f"fingerprint {fingerprint} (pulled into {fresh}" in status.stdout
         assert "last data pull:" in status.stdout and "5 files" in status.stdout
+        info = zyg.run(["data-info", "-c", cfg], tmp_path / "out")
+        assert info.returncode == 0 and f"fingerprint {fingerprint}" in info.stdout, info.stderr[-3000:]
+        assert "5 reused as verified before" in info.stderr
+        check = zyg.run(["verify-data", "-c", cfg], tmp_path / "out")  # the published copy, rehashed here
+        assert check.returncode == 0 and f"5 files hashed, {prepared['total_tokens']:,} tokens, 0 mismatches" in check.stdout, check.stdout
         pf = zyg.run(["preflight", "-c", cfg, "--out", tmp_path / "pf", "--stages", "data"], tmp_path / "out")
         assert pf.returncode == 0, pf.stderr[-3000:]
         report = (tmp_path / "pf" / "report.md").read_text()
@@ -280,3 +286,12 @@ def test_a_read_only_input_folder_is_a_data_source_and_is_never_written(prepared
     finally:
         for p in [ro, *ro.iterdir()]:
             p.chmod(p.stat().st_mode | stat.S_IWUSR)
+
+
+def test_data_url_must_be_its_own_location(tmp_path):
+    from baton.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="data.url is the same location as store.url"):
+        load_config(None, [f"store.url={tmp_path}", f"data.url={tmp_path}/"])
+    with pytest.raises(ConfigError, match="data.url must not carry credentials"):
+        load_config(None, ["data.url=s3://key:secret@bucket/data"])
