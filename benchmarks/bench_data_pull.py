@@ -18,7 +18,6 @@ Requirements: baton's test extra (moto[server], boto3). Run: ``python benchmarks
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform
