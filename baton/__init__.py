@@ -11,7 +11,7 @@ from .errors import BatonError, ConfigError, DataError, ResumeError, StoreError
 
 __version__ = "0.1.0"
 
-_API = ("load_config", "prepare", "train", "status", "plan", "export")
+_API = ("load_config", "prepare", "publish_data", "train", "status", "plan", "export")
 
 __all__ = ["BatonError", "ConfigError", "DataError", "ResumeError", "StoreError", *_API]
 

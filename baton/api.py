@@ -64,15 +64,37 @@ def load_config(path: str | Path | None = None,
     return load(path, items)
 
 
-def prepare(cfg: Config, *, force: bool = False, progress: bool = True) -> dict[str, Any]:
-    """Tokenize the configured sources into ``data.dir``; returns the manifest. Reuses a matching folder."""
+def prepare(cfg: Config, *, force: bool = False, progress: bool = True, publish: bool = False) -> dict[str, Any]:
+    """Tokenize the configured sources into ``data.dir``; returns the manifest. Reuses a matching folder.
+
+    ``publish`` then pushes the prepared dataset to ``data.url``, verified (see :func:`publish_data`).
+    """
     from .data.prepare import prepare as run_prepare
 
     _console()
+    if publish:
+        from .data.remote import data_store
+
+        data_store(cfg)  # no data.url: said before hours of preparing, not after
     m = run_prepare(cfg, force=force, progress=progress)
     print(f"prepared {cfg.data.dir}: {m['total_tokens']:,} tokens in {m['n_shards']} shards, "
           f"vocab {m['tokenizer']['vocab_size']}, fingerprint {m['fingerprint']}")
+    if publish:
+        publish_data(cfg)
     return m
+
+
+def publish_data(cfg: Config) -> str:
+    """Push the prepared ``data.dir`` to ``data.url``, every file verified, the manifest last; returns the summary line.
+
+    A rerun after a kill uploads only what the store does not already hold verified.
+    """
+    from .data.publish import publish
+
+    _console()
+    line = publish(cfg).line()
+    print(line)
+    return line
 
 
 def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = None,

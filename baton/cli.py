@@ -30,6 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--force", action="store_true", help="prepare again even when the folder matches the config")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--publish", action="store_true", help="then publish the prepared folder to data.url, verified")
+
+    p = sub.add_parser("publish-data", help="push the prepared data folder (data.dir) to data.url, verified; a "
+                       "rerun uploads only what the store does not hold yet")
+    _config_args(p)
 
     p = sub.add_parser("train", help="resume from the store and train to the next stop boundary")
     _config_args(p)
@@ -88,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify-data", help="rehash every shard and check the manifest")
     _config_args(p, required=False)
     p.add_argument("--dir", help="data folder: a local path or a store URL (file://, s3://, hf://); "
-                   "default: data.dir of the config")
+                   "default: data.url of the config when set, else data.dir")
     p.add_argument("--workers", type=int, default=0, help="files hashed at once (default: 2 per core, at most 16)")
 
     p = sub.add_parser("data-info", help="tokens, windows, horizon and margin for the config")
@@ -156,7 +161,14 @@ def _load(args):
 def cmd_prepare(args) -> int:
     from .api import prepare
 
-    prepare(_load(args), force=args.force, progress=not args.no_progress)
+    prepare(_load(args), force=args.force, progress=not args.no_progress, publish=args.publish)
+    return 0
+
+
+def cmd_publish_data(args) -> int:
+    from .api import publish_data
+
+    publish_data(_load(args))
     return 0
 
 
@@ -202,7 +214,8 @@ def cmd_verify_data(args) -> int:
     if args.dir:
         folder = args.dir
     elif args.config:
-        folder = _load(args).data.dir
+        cfg = _load(args)
+        folder = cfg.data.url or cfg.data.dir
     else:
         raise BatonError("verify-data needs --dir or --config")
     report = verify_data(str(folder), args.workers)
@@ -218,6 +231,9 @@ def cmd_data_info(args) -> int:
     from .data.geometry import COLLISION_AUTO_BYTES, COLLISION_K, Geometry, prefix_collisions
 
     cfg = _load(args)
+    from .data.pull import ensure_data
+
+    ensure_data(cfg)  # with data.url: the published dataset, pulled and verified here (logged)
     ds = WindowDataset(cfg.data.dir, cfg.data.seq_len, cfg.data.shuffle_seed, cfg.data.val_windows)
     geo = Geometry.of(ds.stream.total, cfg.data.seq_len, ds.n_val, cfg.total_steps, cfg.tokens_per_step)
     for line in geo.lines():
@@ -297,6 +313,7 @@ COMMANDS = {
     "ledger": cmd_ledger,
     "status": cmd_status,
     "prepare": cmd_prepare,
+    "publish-data": cmd_publish_data,
     "train": cmd_train,
     "export": cmd_export,
     "sample": cmd_sample,

@@ -75,6 +75,8 @@ class DataConfig:
     prepare_workers: int = 0  # encoding processes for prepare (0 = one per core on large corpora, 1 = in-process)
     decontaminate: list[str] = field(default_factory=list)  # evaluation text files/globs: drop training documents sharing an n-gram with them
     decontam_ngram: int = 13  # n-gram length in tokens for decontaminate
+    url: str = ""  # where the prepared dataset is published: path, file://, s3:// or hf://datasets/owner/name ("" = data.dir only); train pulls it into data.dir
+    transfer_workers: int = 4  # files uploaded or downloaded at once by publish-data and the pull before training
 
 
 @dataclass
@@ -434,6 +436,7 @@ def _semantic_problems(cfg: Config) -> list[str]:
         # Named, never echoed: the config is printed, logged and saved in every checkpoint.
         p.append("store.url must not carry credentials (user:password@ in the URL or in its endpoint); set "
                  "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (S3) or HF_TOKEN (Hub) in the environment instead")
+    p.extend(_data_url_problems(d, s))
     b = cfg.budget
     for k in ("session_hours", "margin_minutes", "ckpt_minutes", "ckpt_seconds", "startup_minutes",
               "heartbeat_minutes", "bill_factor", "quota_hours", "cap_hours"):
@@ -447,6 +450,20 @@ def _semantic_problems(cfg: Config) -> list[str]:
     if not cfg.run.name or "/" in cfg.run.name or cfg.run.name in (".", ".."):
         p.append(f"run.name={cfg.run.name!r} must be a plain name without '/'")
     return p
+
+
+def _data_url_problems(d: DataConfig, s: StoreConfig) -> list[str]:
+    out = []
+    if d.transfer_workers is not None and not 1 <= d.transfer_workers <= 64:
+        out.append(f"data.transfer_workers must be in 1..64, got {d.transfer_workers}")
+    if d.url and _url_has_credentials(d.url):
+        out.append("data.url must not carry credentials (user:password@); set AWS_ACCESS_KEY_ID / "
+                   "AWS_SECRET_ACCESS_KEY (S3) or HF_TOKEN (Hub) in the environment instead")
+    elif d.url and d.url.rstrip("/") == (s.url or "").rstrip("/"):
+        # The dataset sits at the root of data.url; the checkpoint store's root holds runs.
+        out.append(f"data.url is the same location as store.url ({d.url!r}); give the dataset its own folder or "
+                   "prefix, e.g. s3://bucket/datasets/NAME")
+    return out
 
 
 def _budget_text_problems(b: BudgetConfig) -> list[str]:

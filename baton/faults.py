@@ -32,6 +32,9 @@ POINTS = (
     "pointer.readback",  # the pointer is written and about to be read back
     "prune",  # the local copy is gone; retention is about to list and delete old checkpoints
     "prune.delete",  # before each old checkpoint is deleted
+    # The dataset's relay (baton.data.publish, baton.data.pull), not part of the checkpoint cycle.
+    "data.publish",  # before each data file is put into data.url, and before its manifest
+    "data.pull",  # before each data file is downloaded from data.url
 )
 
 _pauses: tuple[str, dict[str, float]] | None = None

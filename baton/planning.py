@@ -284,8 +284,7 @@ def plan_input(args, cfg: Config | None) -> tuple[PlanInput, dict[str, str], lis
                 start_step, src["start_step"] = min(pointer["step"], total), "the store's pointer"
     inp = PlanInput(
         total_steps=total, tokens_per_step=tps, rate=rate, session_hours=hours, margin_hours=margin,
-        startup_seconds=parse_hours(args.startup, "--startup") * HOUR if args.startup else (
-            b.startup_minutes * 60 if b else 0.0),
+        startup_seconds=_startup(args, b, records, src),
         ckpt_seconds=ckpt or 0.0,
         ckpt_every=args.ckpt_every if args.ckpt_every is not None else (cfg.train.ckpt_every if cfg else 0),
         start_step=start_step, target_tokens=target, quota_hours=qh, quota_period_hours=period_days * 24,
@@ -296,6 +295,20 @@ def plan_input(args, cfg: Config | None) -> tuple[PlanInput, dict[str, str], lis
         gap_hours=parse_hours(args.gap, "--gap"), start=start,
         deadline=parse_instant(args.deadline, "--deadline") if args.deadline else None)
     return inp, src, records
+
+
+def _startup(args, b, records: list[dict[str, Any]], src: dict[str, str]) -> float:
+    """Seconds per session before the first step: given, configured, else measured by earlier sessions."""
+    from . import ledger as L
+
+    if args.startup:
+        src["startup"] = "given"
+        return parse_hours(args.startup, "--startup") * HOUR
+    if b and b.startup_minutes:
+        src["startup"] = "config"
+        return b.startup_minutes * 60
+    seconds, src["startup"] = L.startup_seconds(records)
+    return seconds or 0.0
 
 
 def run_plan(args, cfg: Config | None) -> int:
@@ -357,7 +370,8 @@ def format_plan(p, src: dict[str, str]) -> str:
         f"sessions of {i.session_hours:g} h with {_h(i.margin_hours)} h margin = {_h(i.usable_seconds / HOUR)} h "
         f"usable; checkpoint cycle {i.ckpt_seconds:g} s ({src.get('ckpt', 'given')})"
         + (f" every {i.ckpt_every} steps" if i.ckpt_every else " at session ends")
-        + (f"; startup {i.startup_seconds / 60:g} min" if i.startup_seconds else ""),
+        + (f"; startup {i.startup_seconds / 60:.3g} min ({src.get('startup', 'given')})" if i.startup_seconds
+           else ""),
     ]
     if i.quota_hours:
         lines.append(f"quota: {i.quota_hours:g} h per {i.quota_period_hours / 24:g} days, resetting at "

@@ -26,7 +26,7 @@ from .checkpoint.pusher import PushFailed, Pusher
 from .config import Config
 from .data.reader import WindowDataset
 from .drift import tokenizer_sha256
-from .errors import BatonError, ConfigError
+from .errors import BatonError, ConfigError, DataError
 from .flops import session_flops
 from .model import build_model, count_parameters, param_count
 from .parallel import Parallel
@@ -88,6 +88,8 @@ class Session:
         self.pusher = Pusher(background=cfg.store.async_push)
         # (step, start, samples consumed, seconds the save took) of the push in flight, booked when it ends
         self.pending_push: tuple[int, float, int, float] | None = None
+        # The dataset before anything is written to the store: a session that cannot have its data ends here.
+        self.data_source = _ensure_data(cfg, self.dist)
         self.ledger = self._open_ledger()
         self.data = WindowDataset(cfg.data.dir, cfg.data.seq_len, cfg.data.shuffle_seed, cfg.data.val_windows)
         # Checked now, not when the final export needs it hours later.
@@ -243,7 +245,8 @@ class Session:
         return SessionLedger(self.store, self.run, self.t_start, device=str(self.device), accelerators=self.world,
                              bill_factor=b.bill_factor or float(self.world),
                              tokens_per_step=self.cfg.tokens_per_step, deadline=self.deadline,
-                             heartbeat_every_s=b.heartbeat_minutes * 60)
+                             heartbeat_every_s=b.heartbeat_minutes * 60,
+                             data=self.data_source.to_dict() if self.data_source else None)
 
     def _time_budget(self):
         from .budget import TimeBudget, guess_checkpoint_seconds
@@ -345,6 +348,24 @@ class Session:
             self._tb.close()
         if getattr(self, "_signals", None) is not None:
             self._signals.restore()
+
+
+def _ensure_data(cfg: Config, info: dist.DistInfo):
+    """data.url pulled into data.dir by one process per node while the others wait; every rank gets the error."""
+    if not cfg.data.url:
+        return None
+    from .data.pull import ensure_data
+
+    source, err = None, None
+    if info.local_rank == 0:
+        try:
+            source = ensure_data(cfg)
+        except BatonError as e:
+            err = str(e)
+    errs = [e for e in dist.gather(err) if e]
+    if errs:
+        raise DataError(errs[0])
+    return source
 
 
 def _pick_device(spec: str) -> torch.device:

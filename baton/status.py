@@ -74,7 +74,8 @@ def status(cfg: Config) -> dict[str, Any]:
         t = L.totals(records, quota, b.cap_hours, now)
         p = _plan_or_problem(out, PlanInput(
             total_steps=cfg.total_steps, tokens_per_step=cfg.tokens_per_step, rate=rate,
-            session_hours=b.session_hours, margin_hours=b.margin_minutes / 60, startup_seconds=b.startup_minutes * 60,
+            session_hours=b.session_hours, margin_hours=b.margin_minutes / 60,
+            startup_seconds=b.startup_minutes * 60 or L.startup_seconds(records)[0] or 0.0,
             ckpt_seconds=b.ckpt_seconds or L.checkpoint_seconds(records) or 0.0, ckpt_every=cfg.train.ckpt_every,
             start_step=step, quota_hours=b.quota_hours, quota_period_hours=b.quota_period_days * 24,
             quota_reset=quota.reset if quota else None, used_hours=t.period_hours or 0.0,
@@ -84,9 +85,37 @@ def status(cfg: Config) -> dict[str, Any]:
             out["sessions_left"] = len(p.sessions)
             out["billed_hours_left"] = round(p.billed_hours, 4)
             out["plan_warnings"] = p.warnings
+    out["data"] = data_status(cfg, records)
     t = L.totals(records, L.quota_from(cfg.budget), cfg.budget.cap_hours)
     out["ledger"] = t.to_dict()
     out["ledger_problems"] = problems
+    return out
+
+
+def data_status(cfg: Config, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The dataset the next session trains on (data.url's manifest, else data.dir's) and the last pull."""
+    from .data.manifest import MANIFEST, load_manifest, parse_manifest
+
+    out: dict[str, Any] = {"url": cfg.data.url or None, "dir": cfg.data.dir, "problem": None}
+    try:
+        if cfg.data.url:
+            from .data.remote import data_store
+
+            store = data_store(cfg)
+            out["location"] = store.describe()
+            raw = store.read_text(MANIFEST)
+            m = parse_manifest(raw, f"{MANIFEST} in {out['location']}") if raw is not None else None
+            if m is None:
+                out["problem"] = f"no {MANIFEST} in {out['location']} (run `baton publish-data`)"
+        else:
+            out["location"] = cfg.data.dir
+            m = load_manifest(cfg.data.dir)
+    except BatonError as e:
+        m, out["problem"] = None, str(e)
+    if m is not None:
+        out.update(fingerprint=m["fingerprint"], shards=m["n_shards"], total_tokens=m["total_tokens"])
+    pulled = [r for r in records if r.get("data")]
+    out["last_pull"] = ({"session": pulled[-1]["session"], **pulled[-1]["data"]} if pulled else None)
     return out
 
 
@@ -127,6 +156,16 @@ def run_status(args, cfg: Config) -> int:
         print(f"ETA: {s['plan_problem']}")
     elif s["steps_left"] and s["rate_tokens_per_s"]:
         print("ETA: set budget.session_hours for a calendar (baton plan shows the sessions)")
+    d = s["data"]
+    if d["problem"]:
+        print(f"data: PROBLEM: {d['problem']}")
+    else:
+        print(f"data: {d['location']}: {d['shards']} shards, {d['total_tokens']:,} tokens, fingerprint "
+              f"{d['fingerprint']}" + (f" (pulled into {d['dir']} before training)" if d["url"] else ""))
+    if d["last_pull"]:
+        lp = d["last_pull"]
+        print(f"last data pull: {lp['seconds']:.1f} s, {lp['pulled_files']} files ({lp['pulled_bytes'] / 1e6:,.1f} MB) "
+              f"pulled, {lp['reused_files']} reused (session {lp['session']}, fingerprint {lp['fingerprint']})")
     led = s["ledger"]
     print(f"billed: {led['billed_hours']:.4f} h over {led['sessions']} session(s)"
           + (f"; this quota period {led['period_hours']:.4f} of {led['quota_hours']:g} h" if led["period_hours"]

@@ -19,6 +19,8 @@ ROWS: list[tuple[str, str | None, list[str] | None]] = [
      ["precision asserted: fp32 master weights, GradScaler live exactly when fp16"]),
     ("The schedule's shape, measured", "construct",
      ["schedule: warmup, plateau, linear decay ending one step short of zero"]),
+    ("The data on this machine: where it came from, how long the pull took", "data",
+     ["the data is present on this machine, from where the config says"]),
     ("Data bytes match the manifest", "data", ["every shard hashes to its manifest entry"]),
     ("Resumption from the exact data position", "data",
      ["resume reads the same windows at every boundary", "labels are next-token",

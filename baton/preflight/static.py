@@ -12,6 +12,7 @@ from ..checkpoint.cycle import push_checkpoint
 from ..checkpoint.resume import pull_checkpoint, read_pointer
 from ..checkpoint.state import rng_state, save_checkpoint
 from ..data.manifest import verify_manifest
+from ..data.pull import ensure_data
 from ..data.reader import Cursor, WindowDataset, prefix_collisions
 from ..model import build_model, count_parameters, param_count
 from ..schedule import decay_begin, lr_factor, plateau_share
@@ -78,6 +79,10 @@ def stage_construct(ctx: Context) -> StageResult:
 def stage_data(ctx: Context) -> StageResult:
     r = StageResult("data")
     cfg = ctx.scaled
+    source = ensure_data(cfg)  # with data.url: pulled (or reused) and verified, as a training session would
+    r.numbers["source"] = source.to_dict() if source else {"location": cfg.data.dir, "pulled_files": 0}
+    r.check("the data is present on this machine, from where the config says",
+            True, source.line() if source else f"local folder {cfg.data.dir} (no data.url)")
     report = verify_manifest(cfg.data.dir)
     r.numbers["verify"] = {"files_hashed": report.files_hashed, "total_tokens": report.total_tokens,
                            "mismatches": len(report.problems), "problems": report.problems}

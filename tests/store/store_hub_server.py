@@ -10,6 +10,8 @@ Endpoints, as the Hub serves them:
 - ``GET  /api/models/{repo}/tree/{rev}[/{path}]``    listing with size, git oid and ``lfs.oid`` (the sha256)
 - ``GET|HEAD /{repo}/resolve/{rev}/{path}``         download; LFS files redirect to ``/lfs-blob/{oid}`` like
                                                      the Hub's CDN; ``Range: bytes=a-b`` answers 206
+Dataset repositories (``create_repo("datasets/owner/name")``) answer the same under ``/api/datasets/`` and
+``/datasets/``.
 The Xet protocol is not served: the client is run with ``HF_HUB_DISABLE_XET=1``.
 
 Auth is a bearer token; a wrong one gets the Hub's 401 "Invalid credentials". Test hooks (``corrupt``,
@@ -120,9 +122,15 @@ class HubServer(LocalHTTPServer):
                 ("HEAD", r"/lfs-blob/([0-9a-f]{64}(?:-damaged-[0-9a-f]{8})?)", self._blob),
             ]
             for method, pattern, fn in routes:
-                m = re.fullmatch(pattern, path)
-                if m and h.command == method:
-                    return fn(h, query, body, *[unquote(g) if g else g for g in m.groups()])
+                # A dataset repository has the same endpoints under /api/datasets/ and /datasets/; it is held
+                # here under the name "datasets/owner/name".
+                for kind, pat in (("", pattern), ("datasets/", _dataset_route(pattern))):
+                    m = re.fullmatch(pat, path) if pat else None
+                    if m and h.command == method:
+                        groups = [unquote(g) if g else g for g in m.groups()]
+                        if kind and groups:
+                            groups[0] = kind + groups[0]
+                        return fn(h, query, body, *groups)
             self._send(h, 404, {"error": f"no route {h.command} {path}"})
         except BrokenPipeError:
             pass
@@ -288,6 +296,15 @@ class HubServer(LocalHTTPServer):
         if a >= len(data) or a > b:
             return self._send(h, 416, {"error": "range not satisfiable"}, {"Content-Range": f"bytes */{len(data)}"})
         self._send(h, 206, None, {**headers, "Content-Range": f"bytes {a}-{b}/{len(data)}"}, raw=data[a : b + 1])
+
+
+def _dataset_route(pattern: str) -> str | None:
+    """The dataset-repository form of a repository route (None for routes that name no repository)."""
+    if pattern.startswith(r"/api/models/"):
+        return r"/api/datasets/" + pattern[len(r"/api/models/"):]
+    if pattern.startswith(r"/([^/]+/[^/]+)"):
+        return r"/datasets/" + pattern[1:]
+    return None
 
 
 def _read_body(h: BaseHTTPRequestHandler) -> bytes:
