@@ -18,7 +18,7 @@ ROWS: list[tuple[str, str | None, list[str] | None]] = [
     ("Precision as configured: fp32 master weights, GradScaler exactly when fp16", "construct",
      ["precision asserted: fp32 master weights, GradScaler live exactly when fp16"]),
     ("The schedule's shape, measured", "construct",
-     ["schedule: warmup, plateau, linear decay ending one step short of zero"]),
+     ["schedule: 1.0 at the warmup's end and the decay start, never rising after, above the floor at the end"]),
     ("Data bytes match the manifest", "data", ["every shard hashes to its manifest entry"]),
     ("Resumption from the exact data position", "data",
      ["resume reads the same windows at every boundary", "labels are next-token",
