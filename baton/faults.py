@@ -32,6 +32,8 @@ POINTS = (
     "pointer.readback",  # the pointer is written and about to be read back
     "prune",  # the local copy is gone; retention is about to list and delete old checkpoints
     "prune.delete",  # before each old checkpoint is deleted
+    "rollback",  # a loss spike decided a rollback; the checkpoint before it is about to be loaded
+    "rollback.loaded",  # the rollback loaded that checkpoint; its record is about to be written
 )
 
 _pauses: tuple[str, dict[str, float]] | None = None

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from . import faults
 from .data.reader import merge_range
 from .errors import BatonError
 from .model import build_model
@@ -72,12 +73,14 @@ def roll_back(s: Session, spike: Spike) -> bool:
               "median": spike.median, "score": round(spike.score, 3), "to_step": base, "skip": list(skip)}
     log.warning("rollback %d: back to the verified checkpoint at step %d, skipping stream samples [%d, %d) "
                 "(%d windows)", record["rollback"], base, skip[0], skip[1], skip[1] - skip[0])
+    faults.point("rollback", spike.step)
     _reload(s)
+    faults.point("rollback.loaded", base)
     s.stats.rollbacks = [*done, record]  # earlier rollbacks since the checkpoint are not undone by going back
     s.data.set_skipped(skipped)
     s.spikes = detector(cfg.train, s.stats.spike_window)
     if s.dist.is_main:
-        row = {"step": base, "event": "rollback", **record, "skipped": _ranges(skipped)}
+        row = {"step": base, "event": "rollback", **record, "skipped_ranges": _ranges(skipped)}
         with open(s.metrics_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
     if s._bar is not None:
