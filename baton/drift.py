@@ -118,6 +118,15 @@ def differences(state: dict[str, Any], new_cfg: dict[str, Any], fingerprint: str
     return out
 
 
+def lost_skips(state: dict[str, Any]) -> list[list[int]]:
+    """The ranges the checkpoint's rollback records skipped that its cursor does not skip (none, when sound):
+    the skipped ranges are part of the data position, and a cursor without them would read those samples."""
+    covered = [tuple(r) for r in (state.get("cursor") or {}).get("skipped") or ()]
+    records = ((state.get("stats") or {}).get("rollbacks")) or []
+    return [r["skip"] for r in records if isinstance(r, dict) and isinstance(r.get("skip"), list)
+            and not any(a <= r["skip"][0] and r["skip"][1] <= b for a, b in covered)]
+
+
 def horizon_problem(state: dict[str, Any], new_cfg: dict[str, Any], total_steps: int) -> str | None:
     """Why the horizon may not move at this checkpoint (None: it may).
 
@@ -153,6 +162,11 @@ def check_resume(state: dict[str, Any], new_cfg: dict[str, Any], total_steps: in
     """Refuse a resume that drifts (one message, every difference); returns the differences allowed."""
     diffs = differences(state, new_cfg, fingerprint, permutation, tok_sha256, total_steps)
     step = state.get("step")
+    lost = lost_skips(state)
+    if lost:
+        raise ResumeError(f"the checkpoint at step {step} records rollbacks that skipped stream samples {lost}, but "
+                          "its data cursor does not skip them: the checkpoint is inconsistent (resume from an "
+                          "earlier checkpoint with --resume PATH, or start a new run.name)")
     if isinstance(step, int) and total_steps < step:
         raise ResumeError(f"the horizon is {total_steps} steps but the checkpoint is at step {step} (raise "
                           "train.steps or train.target_tokens, or start a new run.name)")

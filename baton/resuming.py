@@ -89,8 +89,11 @@ def resume_session(s: Session) -> None:
     _check_drift(s, st)
     ckstate.load_checkpoint(folder, s.model, s.optimizer)
     cursor = Cursor.from_dict(st["cursor"])
-    if not s._allowed_changes:
+    if not any(d.key.startswith("data.") for d in s._allowed_changes):  # else: the data changed on purpose
         s.data.check_cursor(cursor)
+    elif cursor.skipped:
+        log.warning("the checkpoint skips stream ranges %s of its data's order; with the data or its order changed "
+                    "they now skip other windows", list(cursor.skipped))
     s.data.set_skipped(cursor.skipped)  # the ranges earlier rollbacks skipped stay skipped
     if cursor.samples_consumed != st["step"] * cfg.train.global_batch:
         raise ResumeError(f"cursor has {cursor.samples_consumed} samples at step {st['step']}, expected "

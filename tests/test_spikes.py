@@ -47,3 +47,13 @@ def test_the_cursor_carries_its_skipped_ranges_and_reads_an_older_cursor_without
     assert Cursor.from_dict(d).skipped == ()
     with pytest.raises(ResumeError, match="overlaps"):
         Cursor.from_dict({**d, "skipped": [[40, 48], [44, 50]]})
+
+
+def test_the_drift_check_refuses_a_cursor_that_lost_a_rollback_s_skipped_range():
+    from baton.drift import lost_skips
+
+    state = {"cursor": {"skipped": [[120, 136]]}, "stats": {"rollbacks": [{"skip": [128, 136]}]}}
+    assert lost_skips(state) == []  # merged into a wider range: still skipped
+    state["stats"]["rollbacks"].append({"skip": [200, 208]})
+    assert lost_skips(state) == [[200, 208]]
+    assert lost_skips({"cursor": {}, "stats": {}}) == []  # a checkpoint from before rollbacks existed
