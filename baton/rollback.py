@@ -75,6 +75,9 @@ def roll_back(s: Session, spike: Spike) -> bool:
                 "(%d windows)", record["rollback"], base, skip[0], skip[1], skip[1] - skip[0])
     faults.point("rollback", spike.step)
     _reload(s)
+    if s.step != base:  # a session started from a folder (--resume PATH) may not match the store's pointer
+        raise SpikeStop(f"the rollback from the spike at step {spike.step} expected the store's pointer at step "
+                        f"{base}, and it names step {s.step}: resume from the store (--resume auto) to roll back")
     faults.point("rollback.loaded", base)
     s.stats.rollbacks = [*done, record]  # earlier rollbacks since the checkpoint are not undone by going back
     s.data.set_skipped(skipped)
