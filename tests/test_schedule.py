@@ -92,6 +92,7 @@ def test_preflight_construct_reports_the_configured_shape():
     assert shape["factor_at_90pct"] == pytest.approx(CLOSED[("wsd", "1-sqrt")][900], rel=1e-12)
     assert shape["factor_last"] == pytest.approx(CLOSED[("wsd", "1-sqrt")][999], rel=1e-12)
     assert "wsd (1-sqrt cooldown), floor 0.1" in detail
+    assert shape["plot"][0].startswith("learning rate: wsd, 1-sqrt cooldown, warmup 50, decay from step 800")
 
 
 def test_bad_schedule_settings_are_named_in_one_message(baton_cli, make_config):

@@ -115,6 +115,9 @@ def render(doc: dict[str, Any]) -> str:
             lines += [f"**Error:** `{_cell(s['error'])}`", ""]
         for c in s["checks"]:
             lines.append(f"- {MARK_CHECK[c['ok']]} {c['name']}" + (f" — {_cell(c['detail'])}" if c["detail"] else ""))
+        plot = (s["numbers"].get("schedule") or {}).get("plot")
+        if plot:  # the construct stage's measured schedule, drawn
+            lines += ["", "```text", *plot, "```"]
         if s["numbers"]:
             lines += ["", "<details><summary>measured numbers</summary>", "", "```json",
                       json.dumps(_trim(s["numbers"]), indent=1, default=str), "```", "", "</details>"]
@@ -127,6 +130,8 @@ def render(doc: dict[str, Any]) -> str:
 
 def _trim(numbers: dict[str, Any]) -> dict[str, Any]:
     out = dict(numbers)
+    if isinstance(out.get("schedule"), dict):
+        out["schedule"] = {k: v for k, v in out["schedule"].items() if k != "plot"}  # drawn above instead
     if isinstance(out.get("loss_trace"), list) and len(out["loss_trace"]) > 12:
         out["loss_trace"] = out["loss_trace"][:6] + ["…"] + out["loss_trace"][-6:]
     if isinstance(out.get("plan"), dict):

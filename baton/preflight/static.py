@@ -14,7 +14,7 @@ from ..checkpoint.state import rng_state, save_checkpoint
 from ..data.manifest import verify_manifest
 from ..data.reader import Cursor, WindowDataset, prefix_collisions
 from ..model import build_model, count_parameters, param_count
-from ..schedule import factor_for, landmarks, plateau_share
+from ..schedule import factor_for, landmarks, plateau_share, plot
 from ..session import adamw, check_precision
 from ..store import delete_prefix, open_store
 from .core import Context, StageResult, timed
@@ -31,7 +31,8 @@ def schedule_shape(cfg) -> tuple[dict, bool, str]:
     shape = {"schedule": o.schedule, "decay_shape": o.decay_shape if o.schedule == "wsd" else o.schedule,
              "min_lr_ratio": o.min_lr_ratio, "total_steps": total,
              "plateau_share": plateau_share(total, o.warmup_steps, o.decay_start, o.schedule),
-             **{f"step_{k}": s for k, s in at.items()}, **{f"factor_{k}": f[s] for k, s in at.items()}}
+             **{f"step_{k}": s for k, s in at.items()}, **{f"factor_{k}": f[s] for k, s in at.items()},
+             "plot": plot(o, total)}
     after = f[at["warmup_end"]:]
     ok = (f[at["warmup_end"]] == 1.0 and abs(f[at["decay_start"]] - 1.0) < 1e-12
           and all(b <= a for a, b in zip(after, after[1:])) and o.min_lr_ratio < f[-1] <= f[at["at_90pct"]])
