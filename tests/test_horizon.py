@@ -53,9 +53,9 @@ def test_extending_inside_the_cooldown_is_refused(make_config, tmp_path, capsys)
                "--allow-change", "train.steps", "--no-progress"])
     assert rc == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("baton: error:")]
-    assert errors == ["baton: error: refusing to move the horizon from 100 to 150 steps: the checkpoint at step 86 "
-                      "is past the decay start of the 100-step schedule (step 80): its cooldown has begun, and a new "
-                      "horizon cannot move it (resume with train.steps = 100, or start a new run.name)"]
+    assert errors == [("baton: error: refusing to move the horizon from 100 to 150 steps: the checkpoint at step 86 "
+                       "is past the decay start of the 100-step schedule (step 80): its cooldown has begun, and a "
+                       "new horizon cannot move it (resume with train.steps = 100, or start a new run.name)")]
     assert store_checkpoint_tensors(tmp_path / "store", "test")[2]["step"] == 86  # nothing moved
 
 

@@ -1,4 +1,5 @@
 import math
+from itertools import pairwise
 
 import pytest
 
@@ -76,7 +77,7 @@ def test_each_schedule_equals_its_closed_form_at_the_landmarks(schedule, shape):
     assert f[49] == 1.0 and f[0] == 1 / 50
     for step, want in CLOSED[(schedule, shape)].items():
         assert f[step] == pytest.approx(want, rel=1e-12, abs=1e-12), (schedule, shape, step)
-    assert all(b <= a for a, b in zip(f[49:], f[50:]))  # never rising after the warmup
+    assert all(b <= a for a, b in pairwise(f[49:]))  # never rising after the warmup
     assert min(f[49:]) > M  # one step short of the floor at the end
 
 

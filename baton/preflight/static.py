@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from itertools import pairwise
 
 import torch
 
@@ -19,7 +20,6 @@ from ..session import adamw, check_precision
 from ..store import delete_prefix, open_store
 from .core import Context, StageResult, timed
 
-
 SCHEDULE_CHECK = "schedule: 1.0 at the warmup's end and the decay start, never rising after, above the floor at the end"
 
 
@@ -33,9 +33,8 @@ def schedule_shape(cfg) -> tuple[dict, bool, str]:
              "plateau_share": plateau_share(total, o.warmup_steps, o.decay_start, o.schedule),
              **{f"step_{k}": s for k, s in at.items()}, **{f"factor_{k}": f[s] for k, s in at.items()},
              "plot": plot(o, total)}
-    after = f[at["warmup_end"]:]
     ok = (f[at["warmup_end"]] == 1.0 and abs(f[at["decay_start"]] - 1.0) < 1e-12
-          and all(b <= a for a, b in zip(after, after[1:])) and o.min_lr_ratio < f[-1] <= f[at["at_90pct"]])
+          and all(b <= a for a, b in pairwise(f[at["warmup_end"]:])) and o.min_lr_ratio < f[-1] <= f[at["at_90pct"]])
     detail = (f"{o.schedule}{' (' + o.decay_shape + ' cooldown)' if o.schedule == 'wsd' else ''}, floor "
               f"{o.min_lr_ratio:g}: plateau {shape['plateau_share']:.1%}, decay from step {at['decay_start']}, "
               f"{shape['factor_at_90pct']:.3f} at 90 %, {shape['factor_last']:.4f} at the final update")

@@ -126,7 +126,7 @@ def test_rollback_skips_the_garbage_and_resumes_exactly_when_killed(spiked, tmp_
 
 
 def test_stop_policy_and_the_rollback_cap_end_the_run_with_the_reason(spiked):
-    train, store, runs = spiked
+    train, store, _ = spiked
     r = train("stop", "train.spike_policy=stop")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     (err,) = [line for line in r.stderr.splitlines() if line.startswith("baton: error:")]
