@@ -6,8 +6,11 @@ ignore the odd outlier inside the window, and a falling loss (early training) ne
 The spread has a floor of ``REL_FLOOR`` of the median, so a window of nearly equal losses does not turn
 noise into spikes.
 
-A spike does not enter the window (the baseline stays the data's, not the spike's), nor does a
-non-finite loss (those are the non-finite guard's business). The window is plain floats, saved with a
+Every finite loss joins the window once judged, spikes too: a lasting shift of the loss (a new data
+mix) is flagged for a while and then becomes the baseline, instead of being flagged forever; the median
+and MAD keep a lone spike from moving the baseline. A rollback restores the window of the checkpoint it
+returns to, so a spike it undid is not remembered. Non-finite losses are the non-finite guard's business
+and are not judged. The window is plain floats, saved with a
 checkpoint (``state()``/``restore()``), so a resumed run judges every later step exactly as an
 uninterrupted one would.
 """
@@ -46,17 +49,18 @@ class SpikeDetector:
         self.losses: deque[float] = deque(history or (), maxlen=window)
 
     def observe(self, step: int, loss: float) -> Spike | None:
-        """Judge ``loss`` of ``step`` against the window; a spike is returned, anything else joins the window."""
+        """Judge ``loss`` of ``step`` against the window before it (a spike or None), then add it to the window."""
         if not math.isfinite(loss):
             return None
+        spike = None
         if len(self.losses) == self.losses.maxlen:
             med = median(self.losses)
             sigma = max(MAD_SCALE * median(abs(x - med) for x in self.losses), REL_FLOOR * abs(med))
             score = (loss - med) / sigma if sigma > 0 else (math.inf if loss > med else 0.0)
             if score > self.threshold:
-                return Spike(step, loss, med, sigma, score)
+                spike = Spike(step, loss, med, sigma, score)
         self.losses.append(loss)
-        return None
+        return spike
 
     def state(self) -> list[float]:
         return list(self.losses)

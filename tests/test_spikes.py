@@ -18,8 +18,9 @@ def test_a_spike_is_judged_against_the_median_and_mad_of_the_window():
     spike = d.observe(7, 7.0)  # window 4.9 5.1 4.8 5.2 5.8: median 5.1, MAD 0.2 -> 6.4 sigmas
     assert spike is not None and spike.step == 7 and spike.median == 5.1
     assert spike.score == pytest.approx((7.0 - 5.1) / (1.4826 * 0.2))
-    assert d.state() == [4.9, 5.1, 4.8, 5.2, 5.8]  # the spike stayed out
+    assert d.state() == [5.1, 4.8, 5.2, 5.8, 7.0]  # judged, then part of the window like any loss
     assert d.observe(8, float("nan")) is None and d.observe(9, 3.0) is None  # a falling loss is no spike
+    assert d.state() == [4.8, 5.2, 5.8, 7.0, 3.0]  # a non-finite loss is not judged and not kept
     restored = SpikeDetector(6.0, 5, d.state())
     assert restored.observe(10, 20.0) == d.observe(10, 20.0) is not None
 
