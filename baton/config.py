@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .schedule import DECAY_SHAPES, SCHEDULES
 
 if sys.version_info >= (3, 11):
     import tomllib  # novermin: imported only where the standard library has it
@@ -27,6 +28,7 @@ ATTN_IMPLS = ("eager", "sdpa", "flash_attention_2")
 PRECISIONS = ("fp32", "bf16", "fp16", "auto")
 PARALLEL = ("ddp", "fsdp")
 SOURCE_KINDS = ("stdlib", "text", "jsonl", "parquet", "hf_dataset")
+SPIKE_POLICIES = ("log", "rollback", "stop")
 
 
 @dataclass
@@ -81,7 +83,7 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    """AdamW and the warmup -> plateau -> linear-decay schedule."""
+    """AdamW and the learning-rate schedule (baton.schedule)."""
 
     lr: float = 3e-4  # peak learning rate
     beta1: float = 0.9  # AdamW first-moment decay
@@ -90,7 +92,10 @@ class OptimConfig:
     weight_decay: float = 0.1  # applied to matrices only, not to norms
     grad_clip: float = 1.0  # max global gradient norm (0 = off)
     warmup_steps: int = 100  # linear warmup length in optimizer steps
-    decay_start: float = 0.8  # fraction of the horizon where linear decay to 0 begins
+    decay_start: float = 0.8  # fraction of the horizon where the wsd cooldown begins
+    schedule: str = "wsd"  # wsd (warmup, plateau, cooldown) | cosine | linear (both decay from the warmup's end)
+    decay_shape: str = "linear"  # the wsd cooldown's shape: linear | cosine | 1-sqrt
+    min_lr_ratio: float = 0.0  # the floor the decay falls towards, as a fraction of optim.lr, in [0, 1)
 
 
 @dataclass
@@ -113,6 +118,11 @@ class TrainConfig:
     max_nonfinite: int = 5  # consecutive skipped (non-finite) steps before the run stops
     parallel: str = "ddp"  # ddp (a replica per rank) | fsdp (fully_shard: weights, grads, moments sharded)
     dist_timeout: int = 600  # seconds a rank waits in a collective before failing (bounds a hang)
+    spike_policy: str = "log"  # on a loss spike: log | rollback (to the checkpoint before it, skipping its data) | stop
+    spike_threshold: float = 6.0  # a spike: loss above the window's median by this many robust sigmas (1.4826 x MAD)
+    spike_window: int = 50  # recent losses the spike threshold is measured on (no verdict before it is full)
+    spike_skip_windows: int = 0  # windows skipped on a rollback, ending with the spiking batch (0 = its global batch)
+    max_rollbacks: int = 3  # rollbacks a run may make; one more spike ends the run
 
 
 @dataclass
@@ -385,6 +395,12 @@ def _semantic_problems(cfg: Config) -> list[str]:
         p.append(f"optim.warmup_steps must be >= 0, got {o.warmup_steps}")
     if o.decay_start is not None and not 0.0 < o.decay_start <= 1.0:
         p.append(f"optim.decay_start must be in (0, 1], got {o.decay_start}")
+    if o.schedule not in SCHEDULES:
+        p.append(f"optim.schedule={o.schedule!r} is not one of {', '.join(SCHEDULES)}")
+    if o.decay_shape not in DECAY_SHAPES:
+        p.append(f"optim.decay_shape={o.decay_shape!r} is not one of {', '.join(DECAY_SHAPES)}")
+    if o.min_lr_ratio is not None and not 0.0 <= o.min_lr_ratio < 1.0:
+        p.append(f"optim.min_lr_ratio must be in [0, 1), got {o.min_lr_ratio}")
     if o.grad_clip is not None and o.grad_clip < 0:
         p.append(f"optim.grad_clip must be >= 0, got {o.grad_clip}")
     if isinstance(t.micro_batch, str):
@@ -419,6 +435,14 @@ def _semantic_problems(cfg: Config) -> list[str]:
     positive("train.log_every", t.log_every)
     positive("train.max_nonfinite", t.max_nonfinite)
     positive("train.dist_timeout", t.dist_timeout)
+    if t.spike_policy not in SPIKE_POLICIES:
+        p.append(f"train.spike_policy={t.spike_policy!r} is not one of {', '.join(SPIKE_POLICIES)}")
+    positive("train.spike_threshold", t.spike_threshold)
+    if t.spike_window is not None and t.spike_window < 3:
+        p.append(f"train.spike_window must be >= 3 (a median and its spread need a few losses), got {t.spike_window}")
+    for k in ("spike_skip_windows", "max_rollbacks"):
+        if getattr(t, k) is not None and getattr(t, k) < 0:
+            p.append(f"train.{k} must be >= 0, got {getattr(t, k)}")
     if t.parallel not in PARALLEL:
         p.append(f"train.parallel={t.parallel!r} is not one of {', '.join(PARALLEL)}")
     elif t.parallel == "fsdp" and t.precision == "fp16":

@@ -122,6 +122,8 @@ def summary(s: Session, tokens_per_s: float) -> dict[str, Any]:
         "peak_memory_train_bytes": peak_train,
         "peak_memory_eval_bytes": peak_eval,
         "nonfinite_skips": s.stats.nonfinite_skips,
+        "rollbacks": s.stats.rollbacks,
+        "skipped_ranges": [list(r) for r in s.data.skipped],
         "checkpoints": s.session_checkpoints,
         "resumed_from_step": s.resumed_from,
         "stopped_by": s.stopped_by,

@@ -339,6 +339,10 @@ def run_plan(args, cfg: Config | None) -> int:
         print(json.dumps(out, indent=1))
         return 0
     print(format_plan(p, src))
+    if cfg is not None:
+        from .schedule import plot
+
+        print("\n" + "\n".join(plot(cfg.optim, inp.total_steps)))
     if wires and measured is None:
         print("\ntripwires: no measured rate to check them against (pass --measured-rate, or train a session)")
     if results:

@@ -89,8 +89,12 @@ def resume_session(s: Session) -> None:
     _check_drift(s, st)
     ckstate.load_checkpoint(folder, s.model, s.optimizer)
     cursor = Cursor.from_dict(st["cursor"])
-    if not s._allowed_changes:
+    if not any(d.key.startswith("data.") for d in s._allowed_changes):  # else: the data changed on purpose
         s.data.check_cursor(cursor)
+    elif cursor.skipped:
+        log.warning("the checkpoint skips stream ranges %s of its data's order; with the data or its order changed "
+                    "they now skip other windows", list(cursor.skipped))
+    s.data.set_skipped(cursor.skipped)  # the ranges earlier rollbacks skipped stay skipped
     if cursor.samples_consumed != st["step"] * cfg.train.global_batch:
         raise ResumeError(f"cursor has {cursor.samples_consumed} samples at step {st['step']}, expected "
                           f"{st['step'] * cfg.train.global_batch}")
@@ -113,7 +117,8 @@ def resume_session(s: Session) -> None:
         s.run_dir.mkdir(parents=True, exist_ok=True)
         # Lines past the checkpoint belong to work that was lost with the previous session.
         (s.run_dir / "metrics.jsonl").write_bytes((folder / ckstate.METRICS_FILE).read_bytes())
-    log.info("resumed at step %d (samples consumed %d)", s.step, cursor.samples_consumed)
+    log.info("resumed at step %d (samples consumed %d%s)", s.step, cursor.samples_consumed,
+             f"; skipping stream ranges {list(cursor.skipped)}" if cursor.skipped else "")
 
 
 def _finish_interrupted_push(s: Session, pointer: dict[str, Any] | None

@@ -31,6 +31,7 @@ from .flops import session_flops
 from .model import build_model, count_parameters, param_count
 from .parallel import Parallel
 from .resuming import resume_session
+from .spikes import detector
 from .store import RetryPolicy, Store, open_store
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,8 @@ class Stats:
     consecutive_nonfinite: int = 0
     last_loss: float | None = None
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    spike_window: list[float] = field(default_factory=list)  # the spike detector's recent losses
+    rollbacks: list[dict[str, Any]] = field(default_factory=list)  # one record per spike rollback (baton.rollback)
 
 
 class Session:
@@ -129,6 +132,7 @@ class Session:
         except BaseException as e:
             self.end_ledger(f"failed: {type(e).__name__}: {e}")
             raise
+        self.spikes = detector(cfg.train, self.stats.spike_window)
         self.budget = self._time_budget()
         if self.ledger is not None:
             self.ledger.resumed(self.step)

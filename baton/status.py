@@ -53,6 +53,8 @@ def status(cfg: Config) -> dict[str, Any]:
                 "pointer_path": pointer["path"] if pointer else None,
                 "complete": bool(pointer and pointer.get("complete")), "tokens_done": step * cfg.tokens_per_step,
                 "steps_left": max(0, cfg.total_steps - step)})
+    # Stream ranges the run skips after loss-spike rollbacks: part of its data position (baton.rollback).
+    out["skipped"] = list((pointer.get("cursor") or {}).get("skipped") or []) if pointer else []
     records, problems = L.read_ledger(store, run)
     # A checkpoint in the store is verified when the pointer names it or a session recorded its verification;
     # anything else under ckpt/ is an upload that never passed (kept for inspection, never resumed from).
@@ -141,6 +143,10 @@ def run_status(args, cfg: Config) -> int:
         print(f"pointer: step {s['pointer_step']:,} of {s['total_steps']:,} at {s['pointer_path']}"
               + (" (run complete)" if s["complete"] else ""))
     print(f"tokens done: {s['tokens_done']:,} of {s['total_steps'] * s['tokens_per_step']:,}")
+    if s["skipped"]:
+        print(f"skipped after loss spikes: {len(s['skipped'])} stream range(s) "
+              + ", ".join(f"[{a:,}, {b:,})" for a, b in s["skipped"])
+              + f", {sum(b - a for a, b in s['skipped']):,} windows")
     ck = ", ".join(f"{c['step']}{'' if c['verified'] else ' (NOT verified)'}{' <- pointer' if c['pointer'] else ''}"
                    for c in s["checkpoints"]) or "none"
     print(f"checkpoints in the store: {ck}")

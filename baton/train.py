@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
-from . import dist, faults, finishing
+from . import dist, faults, finishing, rollback
 from .config import Config
 from .errors import BatonError
 from .parallel import norm_value
-from .schedule import lr_factor
+from .schedule import factor_for
 from .session import Session
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 def train_step(s: Session, step: int) -> dict[str, Any]:
     """One optimizer step over this rank's share of global batch ``step``."""
     cfg = s.cfg
-    lr = cfg.optim.lr * lr_factor(step, s.total_steps, cfg.optim.warmup_steps, cfg.optim.decay_start)
+    lr = cfg.optim.lr * factor_for(cfg.optim, step, s.total_steps)
     for group in s.optimizer.param_groups:
         group["lr"] = lr
     t0 = time.perf_counter()
@@ -74,7 +74,11 @@ def train(s: Session) -> dict[str, Any]:
         m = train_step(s, step)
         track_nonfinite(s, m, step)
         step += 1
+        spike = rollback.judge(s, step, m)
         s.record(step, m)
+        if spike is not None and rollback.roll_back(s, spike):
+            step = s.step  # back at the checkpoint before the spike, its data skipped
+            continue
         # A checkpoint due in a run of non-finite steps waits for a finite one, so the pointer keeps
         # naming the state from before the trouble.
         if s.checkpoint_due(step) and not s.stats.consecutive_nonfinite:
