@@ -32,6 +32,7 @@ POINTS = (
     "pointer.readback",  # the pointer is written and about to be read back
     "prune",  # the local copy is gone; retention is about to list and delete old checkpoints
     "prune.delete",  # before each old checkpoint is deleted
+    "publish.card",  # a published model's files are verified; its model card is about to be written
 )
 
 _pauses: tuple[str, dict[str, float]] | None = None

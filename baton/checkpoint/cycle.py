@@ -52,6 +52,11 @@ def local_manifest(folder: Path) -> dict[str, dict[str, Any]]:
     }
 
 
+def join_key(prefix: str, name: str) -> str:
+    """``prefix/name``; an empty prefix is the root of the store (a published model's files)."""
+    return f"{prefix}/{name}" if prefix else name
+
+
 def verify_remote(store: Store, prefix: str, files: dict[str, dict[str, Any]], local: Path, mode: str = "sample",
                   rng: random.Random | None = None) -> None:
     """Prove the store holds ``files`` under ``prefix``: its listing, then bytes read back.
@@ -62,11 +67,11 @@ def verify_remote(store: Store, prefix: str, files: dict[str, dict[str, Any]], l
     rng = rng or random.Random()
     problems: list[str] = []
     try:
-        listing = store.list(prefix + "/")
+        listing = store.list(join_key(prefix, ""))
     except Exception as e:
         raise VerificationError(f"could not list {prefix}/ in {store.describe()}: {e}") from None
     for name, want in files.items():
-        key = f"{prefix}/{name}"
+        key = join_key(prefix, name)
         got = listing.get(key)
         if got is None:
             problems.append(f"{name}: not listed by the store")
@@ -77,12 +82,12 @@ def verify_remote(store: Store, prefix: str, files: dict[str, dict[str, Any]], l
             problems.append(f"{name}: store lists no sha256")
         elif got.sha256 != want["sha256"]:
             problems.append(f"{name}: store lists sha256 {got.sha256[:12]}…, pushed {want['sha256'][:12]}…")
-    sources = sorted({listing[f"{prefix}/{n}"].source for n in files if f"{prefix}/{n}" in listing} - {""})
+    sources = sorted({listing[join_key(prefix, n)].source for n in files if join_key(prefix, n) in listing} - {""})
     for name, want in files.items():
         if any(p.startswith(f"{name}:") for p in problems):
             continue
         try:
-            _read_back(store, f"{prefix}/{name}", local / name, want["size"], mode, rng)
+            _read_back(store, join_key(prefix, name), local / name, want["size"], mode, rng)
         except VerificationError as e:
             problems.append(f"{name}: {e}")
         except Exception as e:  # a 404, a reset connection, a bad status: all fail verification
@@ -156,12 +161,12 @@ def push_folder(store: Store, local: Path, prefix: str, mode: str) -> tuple[dict
         files = {}
         for p in sorted(q for q in local.iterdir() if q.is_file()):
             faults.point("upload")
-            files[p.name] = {"size": p.stat().st_size, "sha256": store.put_file(p, f"{prefix}/{p.name}", None)}
+            files[p.name] = {"size": p.stat().st_size, "sha256": store.put_file(p, join_key(prefix, p.name), None)}
         t1 = t0
     else:
         files = local_manifest(local)
         t1 = time.perf_counter()
-        put_files(store, [(local / name, f"{prefix}/{name}", info["sha256"]) for name, info in files.items()])
+        put_files(store, [(local / name, join_key(prefix, name), info["sha256"]) for name, info in files.items()])
     t2 = time.perf_counter()
     faults.point("verify")
     verify_remote(store, prefix, files, local, mode)
