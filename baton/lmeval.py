@@ -24,7 +24,10 @@ def task_manager(names: list[str], task_dir: str = ""):
         raise BatonError(f"eval tasks need lm-evaluation-harness ({e}); pip install 'baton[eval]'") from None
     if task_dir and not Path(task_dir).is_dir():
         raise BatonError(f"eval.task_dir {task_dir} is not a folder (it holds the local task YAML files)")
-    tm = TaskManager(include_path=task_dir or None)
+    # Indexing the harness's thousands of task files takes seconds: tasks all found in task_dir skip it.
+    tm = TaskManager(include_path=task_dir, include_defaults=False) if task_dir else None
+    if tm is None or any(n not in tm.all_tasks for n in names):
+        tm = TaskManager(include_path=task_dir or None)
     unknown = [n for n in names if n not in tm.all_tasks]
     if unknown:
         where = f" or in {task_dir}" if task_dir else " (local task YAML files go in eval.task_dir)"

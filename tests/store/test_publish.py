@@ -155,15 +155,14 @@ def test_interrupted_publish_is_finished_by_a_rerun(published, hub_server, tmp_p
         files = b.hub.files(b.repo)
         assert MODEL_FILES <= set(files) and "README.md" not in files
 
-        r = cli("publish", "-c", str(cfg), "--step", "10", "--set", f"publish.url=hf://{b.repo}", env=env)
-        assert r.returncode == 0, r.stderr
+        os.environ.update(env)  # the client reads the endpoint and token from the environment, as in production
+        c = load_config(cfg, [f"publish.url=hf://{b.repo}", "store.retries=2", "store.retry_seconds=1"])
+        assert publish(c, 10)["step"] == 10
         assert "step 10" in b.hub.read(b.repo, "README.md").decode()
         ten = b.hub.read(b.repo, "model.safetensors")
 
-        # Step 20 over the published step 10, with the store failing every weight upload: the old card goes
+        # Step 20 over the published step 10, with the store failing the files' commit: the old card goes
         # first, so the root never shows step 10's card over step 20's files, nor a card over unverified ones.
-        c = load_config(cfg, [f"publish.url=hf://{b.repo}", "store.retries=2", "store.retry_seconds=1"])
-        os.environ.update(env)  # the client reads the endpoint and token from the environment, as in production
         commits: list[str] = []
 
         def upload_commit(method: str, path: str) -> bool:  # the card's removal is commit 1; the files' is 2
@@ -172,7 +171,7 @@ def test_interrupted_publish_is_finished_by_a_rerun(published, hub_server, tmp_p
                 return len(commits) > 1
             return False
 
-        b.fault("status", status=500, match=upload_commit)
+        b.fault("status", status=507, match=upload_commit)  # a full store: retried by baton, not by the client
         with pytest.raises(StoreError):
             publish(c, 20)
         assert "README.md" not in b.hub.files(b.repo) and b.hub.read(b.repo, "model.safetensors") == ten
@@ -187,25 +186,85 @@ def test_interrupted_publish_is_finished_by_a_rerun(published, hub_server, tmp_p
         b.close()
 
 
-def test_bad_publish_input_is_one_line_before_any_upload(published, hub_server, tmp_path):
+def test_bad_publish_input_is_one_line_before_any_upload(published, hub_server, tmp_path, monkeypatch):
+    from baton.config import load_config
+    from baton.errors import BatonError
+    from baton.evaluation import run_eval
+    from baton.export import export_run
+    from baton.publish import publish
+
     _, cfg, _ = published
     b = HubBackend(hub_server, FAST_RETRY)
     try:
-        url = ["--set", f"publish.url=hf://{b.repo}"]
+        for k, v in hub_env(b).items():
+            monkeypatch.setenv(k, v)
+        url = f"publish.url=hf://{b.repo}"
+        r = cli("publish", "-c", str(cfg), "--set", url, "--step", "7", env=hub_env(b))
+        assert r.returncode == 2 and r.stderr.strip() == (
+            f"baton: error: step 7 is not a verified checkpoint of run 'test' in local store {cfg.parent / 'store'} "
+            "(verified there: 10, 20; `baton status` lists them)")
+        c = load_config(cfg, [url])
         cases = [
-            (["publish", "-c", str(cfg), *url], {**hub_env(b), "HF_TOKEN": "hf_wrong_token_0123"}, "rejected the token"),
-            (["publish", "-c", str(cfg), "--set", "publish.url=ftp://host/m"], hub_env(b), "publish.url ftp://"),
-            (["publish", "-c", str(cfg), *url, "--step", "7"], hub_env(b), "step 7 is not a verified checkpoint"),
-            (["eval", "-c", str(cfg), "--step", "7"], {}, "step 7 is not a verified checkpoint"),
-            (["export", "-c", str(cfg), "--step", "7", "--out", str(tmp_path / "x")], {}, "step 7 is not"),
-            (["publish", "-c", str(cfg), "--set", "publish.url=hf://baton-test/no-such-repo"], hub_env(b),
-             "was not found"),
+            (lambda: publish(load_config(cfg, ["publish.url=hf://baton-test/no-such-repo"])), "was not found"),
+            (lambda: load_config(cfg, ["publish.url=ftp://host/m"]), "publish.url ftp:// is not supported"),
+            (lambda: publish(c, 7), "step 7 is not a verified checkpoint"),
+            (lambda: run_eval(c, 7, [], []), "step 7 is not a verified checkpoint"),
+            (lambda: export_run(c, "store", tmp_path / "x", 7), "step 7 is not a verified checkpoint"),
+            (lambda: run_eval(c, 20, [str(tmp_path / "missing.txt")], []), "eval file"),
         ]
-        for args, env, said in cases:
-            r = cli(*args, env=env)
-            lines = r.stderr.strip().splitlines()
-            assert r.returncode == 2 and len(lines) == 1 and said in lines[0], (args, r.stderr)
-            assert lines[0].startswith("baton: error: ")
+        for fn, said in cases:
+            with pytest.raises(BatonError) as e:
+                fn()
+            assert said in str(e.value) and "\n" not in str(e.value), str(e.value)
+        monkeypatch.setenv("HF_TOKEN", "hf_wrong_token_0123")
+        with pytest.raises(BatonError, match="rejected the token"):
+            publish(c)
         assert b.hub.files(b.repo) == {} and not any(s.method in ("PUT", "POST") for s in b.proxy.seen)
+        assert not (tmp_path / "x").exists()
     finally:
         b.close()
+
+
+TASK_YAML = """task: local_text
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: bits_per_byte
+  - metric: byte_perplexity
+"""
+
+
+def test_lm_eval_on_a_local_task_improves_with_training(published, tmp_path, monkeypatch):
+    """lm-evaluation-harness, offline, on a local loglikelihood_rolling task over a JSONL file: bits per byte
+    are lower at step 20 than at step 10; the same file as an eval file is scored by baton too; an unknown
+    task is refused before anything is pulled."""
+    import textwrap
+
+    from baton.config import load_config
+    from baton.errors import BatonError
+    from baton.evaluation import run_eval
+
+    _, cfg, base = published
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    text = Path(textwrap.__file__).read_text()
+    data = tmp_path / "local.jsonl"
+    data.write_text("".join(json.dumps({"text": text[i : i + 600]}) + "\n" for i in range(0, 3000, 600)))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "local_text.yaml").write_text(TASK_YAML.format(data=data))
+    c = load_config(cfg, [f"eval.task_dir={tasks}"])
+    early, _ = run_eval(c, 10, [str(data)], ["local_text"])
+    late, _ = run_eval(c, 20, [str(data)], ["local_text"])
+    # An unknown name makes the harness index all its own tasks first (seconds): asked once, last.
+    with pytest.raises(BatonError, match="lm-eval task.*no_such_task not found"):
+        run_eval(c, 10, [], ["local_text", "no_such_task"])
+    assert early["tasks"]["local_text"]["bits_per_byte"] > late["tasks"]["local_text"]["bits_per_byte"] > 0
+    assert early["files"]["local.jsonl"]["bits_per_byte"] > late["files"]["local.jsonl"]["bits_per_byte"]
+    assert json.loads((base / "store" / "test" / "eval" / "20.json").read_text())["tasks"] == late["tasks"]
