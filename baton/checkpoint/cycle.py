@@ -96,7 +96,7 @@ def verify_remote(store: Store, prefix: str, files: dict[str, dict[str, Any]], l
         raise VerificationError(
             f"checkpoint {prefix} failed verification in {store.describe()}: " + "; ".join(problems)
         )
-    log.info("verified %s: %d files, sizes and sha256 (%s) and %s read-back", prefix, len(files),
+    log.info("verified %s: %d files, sizes and sha256 (%s) and %s read-back", prefix or store.describe(), len(files),
              "; ".join(sources) or "no source", "full" if mode == "full" else "windowed")
 
 
