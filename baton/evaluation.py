@@ -7,7 +7,6 @@ checkpoint folders) and into the model card `baton publish` writes.
 from __future__ import annotations
 
 import json
-import logging
 import tempfile
 from contextlib import nullcontext
 from datetime import datetime, timezone
@@ -21,8 +20,6 @@ from .config import Config, config_from_dict
 from .errors import BatonError
 from .heldout import Scorer, file_rows, token_bytes
 from .store import Store
-
-log = logging.getLogger(__name__)
 
 FORMAT = "baton-eval-v1"
 

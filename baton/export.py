@@ -61,8 +61,8 @@ def generate(folder: Path, prompt: str, max_new_tokens: int = 64, temperature: f
 def checkpoint_model(cfg, source: str, tmp: Path, step: int | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:
     """The model of a verified checkpoint in the store (``source='store'``; ``step`` None: the pointer's) or of a
     local checkpoint folder, on the CPU, with the checkpoint's state."""
-    from .checkpoint.select import locate
     from .checkpoint.resume import pull_checkpoint
+    from .checkpoint.select import locate
     from .checkpoint.state import load_weights, read_state
     from .config import config_from_dict
     from .model import build_model

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Any
 
 from .errors import BatonError
 

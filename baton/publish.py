@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import faults, ledger as L
+from . import faults
+from . import ledger as L
 from .checkpoint.cycle import join_key, push_folder
 from .config import Config
 from .errors import BatonError, StoreError
@@ -95,8 +96,8 @@ def publish_folder(cfg: Config, target: Target, folder: Path, state: dict[str, A
     """Push the exported ``folder`` (plus the loss curve) to ``target``, verify it, then write the card."""
     from .config import config_from_dict
     from .data.manifest import load_manifest
-    from .modelcard import LOSS_CURVE, build_card, loss_curve
     from .model import param_count
+    from .modelcard import LOSS_CURVE, build_card, loss_curve
 
     saved = config_from_dict(state["config"])
     store = target.store

@@ -188,7 +188,7 @@ class HubServer(LocalHTTPServer):
         import yaml
 
         text = json.loads(body)["content"]
-        m = re.match(r"---\n(.*?)\n---\n", text, re.S)
+        m = re.match(r"---\n(.*?)\n---\n", text, re.DOTALL)
         try:
             meta = yaml.safe_load(m.group(1)) if m else {}
         except yaml.YAMLError as e:

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import write_config
 from huggingface_hub import ModelCard, snapshot_download
 from store_backends import FAST_RETRY, HubBackend
-
-from helpers import write_config
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
@@ -32,7 +31,7 @@ def hub_env(b: HubBackend) -> dict[str, str]:
 
 def cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "baton.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+                          check=False, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +59,7 @@ def results(card: ModelCard) -> dict[tuple[str, str], float]:
 def test_horizon_publishes_a_loadable_model_whose_card_holds_the_run(published, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
-    b, cfg, base = published
+    b, _, base = published
     summary = json.loads((base / "runs" / "test" / "run_summary.json").read_text())
     folder = download(b, tmp_path)
     assert MODEL_FILES | {"README.md"} <= {p.name for p in folder.iterdir()}
@@ -101,7 +100,7 @@ def test_eval_of_any_verified_step_scores_as_the_run_did(published, tmp_path):
     from baton.evaluation import run_eval
     from baton.export import export_run
 
-    b, cfg, base = published
+    _, cfg, base = published
     summary = json.loads((base / "runs" / "test" / "run_summary.json").read_text())
     c = load_config(cfg)
     final, _ = run_eval(c, step=20, files=[], tasks=[])
