@@ -95,7 +95,8 @@ def file_rows(path: Path, tok: Tokenizer, eos_id: int, seq_len: int, field: str)
             try:
                 docs.append(str(json.loads(line)[field]))
             except (json.JSONDecodeError, KeyError, TypeError):
-                raise BatonError(f"{path} line {n} is not a JSON object with a {field!r} field (set eval.field)") from None
+                raise BatonError(f"{path} line {n} is not a JSON object with a {field!r} field "
+                                 "(set eval.field)") from None
     else:
         docs = [text]
     ids: list[int] = []

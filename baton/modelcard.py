@@ -57,7 +57,8 @@ def _results(model_name: str, ev: dict[str, Any]) -> list[EvalResult]:
     for task, metrics in (ev.get("tasks") or {}).items():
         for metric, value in metrics.items():
             out.append(EvalResult(task_type="text-generation", dataset_type=task, dataset_name=task,
-                                  metric_type=metric, metric_value=round(float(value), 6), source_name="lm-evaluation-harness"))
+                                  metric_type=metric, metric_value=round(float(value), 6),
+                                  source_name="lm-evaluation-harness"))
     return out
 
 

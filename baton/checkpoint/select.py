@@ -45,7 +45,8 @@ def locate(store: Store, run: str, step: int | None = None) -> dict[str, Any]:
                          f"there: {', '.join(map(str, usable)) or 'none'}; `baton status` lists them)")
     prefix = f"{run}/{ckpt_path(step)}/"
     listing = store.list(prefix)
-    files = {k[len(prefix):]: {"size": o.size, "sha256": o.sha256} for k, o in listing.items() if "/" not in k[len(prefix):]}
+    files = {k[len(prefix):]: {"size": o.size, "sha256": o.sha256} for k, o in listing.items()
+             if "/" not in k[len(prefix):]}
     missing = [n for n in REQUIRED if n not in files]
     unsure = sorted(n for n, i in files.items() if i["sha256"] is None)
     if missing or unsure:
