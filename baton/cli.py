@@ -193,6 +193,10 @@ def cmd_train(args) -> int:
         raise BatonError(f"--stop-after-steps must be a positive step number, got {args.stop_after_steps}")
     if args.nproc < 1:
         raise BatonError(f"--nproc must be >= 1, got {args.nproc}")
+    if cfg.publish.url and (cfg.eval.files or cfg.eval.tasks):
+        from .evaluation import Plan
+
+        Plan(cfg)  # the horizon's publish evaluates these: a missing file or unknown task is said now, not then
     from .drift import validate_allowed
 
     allow_change = tuple(sorted(validate_allowed(args.allow_change)))

@@ -202,6 +202,10 @@ def test_bad_publish_input_is_one_line_before_any_upload(published, hub_server, 
         assert r.returncode == 2 and r.stderr.strip() == (
             f"baton: error: step 7 is not a verified checkpoint of run 'test' in local store {cfg.parent / 'store'} "
             "(verified there: 10, 20; `baton status` lists them)")
+        r = cli("train", "-c", str(cfg), "--set", url, "--set", f"eval.files=['{tmp_path / 'missing.txt'}']",
+                "--set", "train.steps=30", env=hub_env(b))  # said before training, not at the horizon's publish
+        assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+            f"baton: error: eval file {tmp_path / 'missing.txt'} not found (fix eval.files or --files)"]
         c = load_config(cfg, [url])
         cases = [
             (lambda: publish(load_config(cfg, ["publish.url=hf://baton-test/no-such-repo"])), "was not found"),
