@@ -117,6 +117,16 @@ def test_eval_of_any_verified_step_scores_as_the_run_did(published, tmp_path):
     assert abs(sum(losses) / len(losses) - early["heldout"]["loss"]) < 1e-4
     assert early["heldout"]["loss"] > final["heldout"]["loss"]
 
+    # Any store is a target: a local folder, the revision a folder step-10/ in it, the card from the same record.
+    from baton.publish import publish
+
+    out = publish(load_config(cfg, [f"publish.url={tmp_path / 'pub'}"]), 10, "step-10")
+    folder = tmp_path / "pub" / "step-10"
+    assert out["card"] == "step-10/README.md" and MODEL_FILES | {"README.md"} == {p.name for p in folder.iterdir()}
+    card = ModelCard.load(folder / "README.md")
+    assert results(card)[("baton-heldout", "loss")] == round(early["heldout"]["loss"], 6)
+    assert AutoModelForCausalLM.from_pretrained(folder).config.num_hidden_layers == c.model.n_layers
+
 
 def store_digest(root: Path) -> str:
     h = hashlib.sha256()
