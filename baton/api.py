@@ -120,6 +120,10 @@ def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = N
     spec = launch or LaunchSpec(nproc=nproc)
     if spec.nproc < 1:
         raise BatonError(f"--nproc must be >= 1, got {spec.nproc}")
+    if cfg.publish.url and (cfg.eval.files or cfg.eval.tasks):
+        from .evaluation import Plan
+
+        Plan(cfg)  # the horizon's publish evaluates these: a missing file or unknown task is said now, not then
     from .drift import validate_allowed
 
     allowed = tuple(sorted(validate_allowed(list(allow_change))))
@@ -216,12 +220,12 @@ def plan(cfg: Config | None = None, **options: Any) -> dict[str, Any]:
     return p.to_dict() | {"sources": sources, "text": format_plan(p, sources)}
 
 
-def export(cfg: Config, out: str | Path, source: str = "store") -> Path:
-    """Write the run's latest verified checkpoint (or the local checkpoint folder ``source``) as a Hugging
-    Face model folder; returns it."""
+def export(cfg: Config, out: str | Path, source: str = "store", step: int | None = None) -> Path:
+    """Write the run's latest verified checkpoint (the verified one at ``step``, or the local checkpoint
+    folder ``source``) as a Hugging Face model folder; returns it."""
     from .export import export_run
 
     _console()
-    path = export_run(cfg, source, Path(out))
+    path = export_run(cfg, source, Path(out), step)
     print(f"exported to {path}")
     return path

@@ -110,7 +110,24 @@ def collect_push(s: Session) -> PushResult | None:
                                   "seconds": round(result.seconds, 3), "path": result.path})
     log.info("CKPT step %d samples=%d push+verify=%.1fs verified=%s", step, samples, result.seconds,
              result.verified)
+    _publish_revision(s, step)
     return result
+
+
+def _publish_revision(s: Session, step: int) -> None:
+    """publish.every: a verified intermediate checkpoint as revision step-N of the published model. It runs
+    here, on rank 0, before training goes on; a failure warns and never stops training (the horizon's
+    publish, in finishing, is the one that must succeed)."""
+    from .publish import publish, revision_for
+
+    revision = revision_for(s.cfg, step, s.total_steps)
+    if not revision:
+        return
+    try:
+        publish(s.cfg, step, revision)
+    except (BatonError, OSError) as e:
+        log.warning("could not publish step %d as revision %s of %s (%s); `baton publish --step %d --revision %s` "
+                    "retries it", step, revision, s.cfg.publish.url, e, step, revision)
 
 
 def plain_state(s: Session) -> tuple[torch.nn.Module, torch.optim.Optimizer] | None:

@@ -81,6 +81,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--from", dest="source", default="store",
                    help="'store' (the run's latest verified checkpoint) or a local checkpoint folder")
+    p.add_argument("--step", type=int, default=None, metavar="N",
+                   help="the verified checkpoint at step N in the store (default: the pointer's)")
+
+    p = sub.add_parser("eval", help="score a verified checkpoint: held-out loss and bits per byte, eval files, "
+                       "lm-eval tasks; written to <run>/eval/<step>.json in the store")
+    _config_args(p)
+    p.add_argument("--step", type=int, default=None, metavar="N", help="the verified checkpoint at step N "
+                   "(default: the pointer's)")
+    p.add_argument("--tasks", default=None, metavar="A,B", help="lm-evaluation-harness tasks (default: eval.tasks; "
+                   "'' for none)")
+    p.add_argument("--files", nargs="*", default=None, metavar="FILE", help="text or JSONL files to score "
+                   "(default: eval.files)")
+
+    p = sub.add_parser("publish", help="publish a verified checkpoint as a Hugging Face model repository with a "
+                       "model card at publish.url")
+    _config_args(p)
+    p.add_argument("--step", type=int, default=None, metavar="N", help="the verified checkpoint at step N "
+                   "(default: the pointer's)")
+    p.add_argument("--revision", default=None, metavar="NAME", help="publish to this revision (a branch on the "
+                   "Hub, a folder elsewhere) instead of the main one, e.g. step-1000")
 
     p = sub.add_parser("sample", help="generate text from an exported model folder")
     p.add_argument("--from", dest="source", required=True, help="an exported model folder (baton export, or "
@@ -197,7 +217,31 @@ def cmd_train(args) -> int:
 def cmd_export(args) -> int:
     from .api import export
 
-    export(_load(args), Path(args.out), args.source)
+    export(_load(args), Path(args.out), args.source, args.step)
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from .evaluation import run_eval
+
+    tasks = None if args.tasks is None else [t.strip() for t in args.tasks.split(",") if t.strip()]
+    record, key = run_eval(_load(args), args.step, args.files, tasks)
+    h = record["heldout"]
+    print(f"step {record['step']}: held-out loss {h['loss']:.4f}, bits per byte {h['bits_per_byte']:.4f} over "
+          f"{h['windows']} windows")
+    for name, r in record["files"].items():
+        print(f"  {name}: loss {r['loss']:.4f}, bits per byte {r['bits_per_byte']:.4f} over {r['tokens']:,} tokens")
+    for task, metrics in record["tasks"].items():
+        print(f"  {task}: " + ", ".join(f"{m} {v:.4f}" for m, v in metrics.items()))
+    print(f"written to {key}")
+    return 0
+
+
+def cmd_publish(args) -> int:
+    from .publish import publish
+
+    out = publish(_load(args), args.step, args.revision)
+    print(f"published step {out['step']} to {out['target']}: {len(out['files'])} files verified, then {out['card']}")
     return 0
 
 
@@ -316,6 +360,8 @@ COMMANDS = {
     "publish-data": cmd_publish_data,
     "train": cmd_train,
     "export": cmd_export,
+    "eval": cmd_eval,
+    "publish": cmd_publish,
     "sample": cmd_sample,
     "verify-data": cmd_verify_data,
     "data-info": cmd_data_info,

@@ -165,6 +165,28 @@ class RunConfig:
 
 
 @dataclass
+class PublishConfig:
+    """Where the finished model goes as a Hugging Face model repository (`baton publish`)."""
+
+    url: str = ""  # hf://owner/model-repo, s3://, file:// or a path: the model at its root (empty = no publishing)
+    every: int = 0  # also publish each verified checkpoint at a multiple of N steps as revision step-N (0 = off)
+    license: str = "apache-2.0"  # license named in the model card's metadata
+    tags: list[str] = field(default_factory=list)  # extra Hub tags for the model card
+
+
+@dataclass
+class EvalConfig:
+    """`baton eval` beyond the held-out windows: extra files and lm-evaluation-harness tasks."""
+
+    files: list[str] = field(default_factory=list)  # text or JSONL files scored for loss and bits per byte
+    tasks: list[str] = field(default_factory=list)  # lm-evaluation-harness task names (needs the eval extra)
+    task_dir: str = ""  # folder of local task YAML files for lm-eval (offline use)
+    limit: int = 0  # documents per lm-eval task (0 = all)
+    # Declared last: from here on the name shadows dataclasses.field in this class body.
+    field: str = "text"  # JSONL field holding the text of eval.files
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -173,6 +195,8 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
+    publish: PublishConfig = field(default_factory=PublishConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     # ---- derived quantities (never stored, always recomputed) ----
     @property
@@ -461,6 +485,7 @@ def _semantic_problems(cfg: Config) -> list[str]:
         p.append("store.url must not carry credentials (user:password@ in the URL or in its endpoint); set "
                  "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (S3) or HF_TOKEN (Hub) in the environment instead")
     p.extend(_data_url_problems(d, s))
+    p.extend(_publish_problems(cfg))
     b = cfg.budget
     for k in ("session_hours", "margin_minutes", "ckpt_minutes", "ckpt_seconds", "startup_minutes",
               "heartbeat_minutes", "bill_factor", "quota_hours", "cap_hours"):
@@ -487,6 +512,21 @@ def _data_url_problems(d: DataConfig, s: StoreConfig) -> list[str]:
         # The dataset sits at the root of data.url; the checkpoint store's root holds runs.
         out.append(f"data.url is the same location as store.url ({d.url!r}); give the dataset its own folder or "
                    "prefix, e.g. s3://bucket/datasets/NAME")
+    return out
+
+
+def _publish_problems(cfg: Config) -> list[str]:
+    out = []
+    url = cfg.publish.url
+    if url and "://" in url and url.split("://", 1)[0] not in ("file", "s3", "hf"):
+        out.append(f"publish.url {url.split('://', 1)[0]}:// is not supported (use hf://owner/repo, s3://, file:// "
+                   "or a path)")
+    elif url and _url_has_credentials(url):
+        out.append("publish.url must not carry credentials; set HF_TOKEN or AWS_* in the environment instead")
+    if cfg.publish.every < 0:
+        out.append(f"publish.every must be >= 0, got {cfg.publish.every}")
+    if cfg.eval.limit < 0:
+        out.append(f"eval.limit must be >= 0, got {cfg.eval.limit}")
     return out
 
 

@@ -37,6 +37,7 @@ POINTS = (
     "data.pull",  # before each data file is downloaded from data.url
     "rollback",  # a loss spike decided a rollback; the checkpoint before it is about to be loaded
     "rollback.loaded",  # the rollback loaded that checkpoint; its record is about to be written
+    "publish.card",  # a published model's files are verified; its model card is about to be written
 )
 
 _pauses: tuple[str, dict[str, float]] | None = None

@@ -16,6 +16,7 @@ from .checkpoint.cycle import make_pointer, push_folder, write_pointer
 from .checkpoint.resume import read_pointer
 from .data.prepare import TOKENIZER_FILE
 from .errors import BatonError, StoreError
+from .heldout import window_losses
 from .versions import versions
 
 if TYPE_CHECKING:
@@ -41,10 +42,7 @@ def evaluate(s: Session) -> dict[str, float]:
     for b in range(n_fwd):
         chunk = ids[b * mb : (b + 1) * mb]
         x, y = s.data.windows(chunk if len(chunk) else all_ids[:1])
-        x, y = x.to(s.device), y.to(s.device)
-        with s.autocast():
-            logits = model(input_ids=x).logits
-        losses = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), y, reduction="none").mean(1)
+        losses = window_losses(model, x.to(s.device), y.to(s.device), s.autocast)
         if len(chunk):
             loss_sum += float(losses.double().sum())
             count += len(chunk)
@@ -70,10 +68,18 @@ def finish(s: Session) -> None:
         try:
             _publish_final(s, plain[0])
         except (BatonError, OSError) as e:
-            err = f"{type(e).__name__}: {e}"
+            err = f"the final model could not be published to {s.store.describe()}: {type(e).__name__}: {e}"
+        if err is None and s.cfg.publish.url:
+            from .publish import publish_trained
+
+            try:
+                publish_trained(s.cfg, plain[0], s.step, s.run_dir / "final", s.metrics_path)
+            except (BatonError, OSError) as e:
+                err = (f"the run is complete, but publishing it to {s.cfg.publish.url} failed ({e}); run "
+                       "`baton publish -c CONFIG` to finish publishing")
     err = dist.broadcast(err)
     if err:
-        raise StoreError(f"the final model could not be published to {s.store.describe()}: {err}")
+        raise StoreError(err)
 
 def _publish_final(s: Session, model: torch.nn.Module) -> None:
     from .export import export_model

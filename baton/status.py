@@ -4,7 +4,6 @@ alone (no local state), so any machine can answer."""
 from __future__ import annotations
 
 import json
-import re
 from datetime import datetime, timezone
 from typing import Any
 
@@ -55,14 +54,13 @@ def status(cfg: Config) -> dict[str, Any]:
                 "steps_left": max(0, cfg.total_steps - step)})
     # Stream ranges the run skips after loss-spike rollbacks: part of its data position (baton.rollback).
     out["skipped"] = list((pointer.get("cursor") or {}).get("skipped") or []) if pointer else []
+    from .checkpoint.select import present_steps, verified_steps
+
     records, problems = L.read_ledger(store, run)
     # A checkpoint in the store is verified when the pointer names it or a session recorded its verification;
     # anything else under ckpt/ is an upload that never passed (kept for inspection, never resumed from).
-    verified = {c["step"] for r in records for c in r.get("checkpoints", []) if c.get("verified")}
-    if pointer:
-        verified.add(pointer["step"])
-    present = sorted({int(m.group(1)) for k in L._keys(store, f"{run}/ckpt/")
-                      if (m := re.match(rf"{re.escape(run)}/ckpt/step-(\d+)/", k))})
+    verified = verified_steps(store, run, pointer)
+    present = present_steps(store, run)
     out["checkpoints"] = [{"step": s, "verified": s in verified, "pointer": bool(pointer and s == pointer["step"])}
                           for s in present]
     rate, rate_src = L.measured_rate(records)

@@ -174,12 +174,12 @@ def push_folder(store: Store, local: Path, prefix: str, mode: str) -> tuple[dict
         files = {}
         for p in sorted(q for q in local.iterdir() if q.is_file()):
             faults.point("upload")
-            files[p.name] = {"size": p.stat().st_size, "sha256": store.put_file(p, f"{prefix}/{p.name}", None)}
+            files[p.name] = {"size": p.stat().st_size, "sha256": store.put_file(p, store_key(prefix, p.name), None)}
         t1 = t0
     else:
         files = local_manifest(local)
         t1 = time.perf_counter()
-        put_files(store, [(local / name, f"{prefix}/{name}", info["sha256"]) for name, info in files.items()])
+        put_files(store, [(local / name, store_key(prefix, name), info["sha256"]) for name, info in files.items()])
     t2 = time.perf_counter()
     faults.point("verify")
     verify_remote(store, prefix, files, local, mode)
