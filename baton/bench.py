@@ -83,13 +83,9 @@ def parse_size(text: str) -> int:
 
 
 def flash_available(device: torch.device) -> bool:
-    if device.type != "cuda":
-        return False
-    try:
-        import flash_attn  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    from .runtime.attention import device_refusal
+
+    return device_refusal("flash_attention_2", device) is None
 
 
 def estimate_bytes(cfg: Config, cell: Cell) -> int:
@@ -162,7 +158,7 @@ def run_cell(cfg: Config, cell: Cell, tokens_per_step: int, device: torch.device
         return cell
     cell.accum = tokens_per_step // (cell.micro_batch * cell.seq_len)
     if cell.attn == "flash_attention_2" and not flash_available(device):
-        cell.status, cell.reason = "skipped", "flash-attn needs a CUDA GPU and the flash-attn package"
+        cell.status, cell.reason = "skipped", "flash-attn needs a CUDA GPU of sm80+ and the flash-attn package"
         return cell
     cell.estimate_bytes = estimate_bytes(cfg, cell)
     if cap is not None and cell.estimate_bytes > cap:

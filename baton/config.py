@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tomllib
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -17,11 +17,18 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .schedule import DECAY_SHAPES, SCHEDULES
+
+if sys.version_info >= (3, 11):
+    import tomllib  # novermin: imported only where the standard library has it
+else:  # Python 3.10: the same parser, as the tomli package (a dependency there)
+    import tomli as tomllib
 
 ATTN_IMPLS = ("eager", "sdpa", "flash_attention_2")
 PRECISIONS = ("fp32", "bf16", "fp16", "auto")
 PARALLEL = ("ddp", "fsdp")
 SOURCE_KINDS = ("stdlib", "text", "jsonl", "parquet", "hf_dataset")
+SPIKE_POLICIES = ("log", "rollback", "stop")
 
 
 @dataclass
@@ -70,11 +77,13 @@ class DataConfig:
     prepare_workers: int = 0  # encoding processes for prepare (0 = one per core on large corpora, 1 = in-process)
     decontaminate: list[str] = field(default_factory=list)  # evaluation text files/globs: drop training documents sharing an n-gram with them
     decontam_ngram: int = 13  # n-gram length in tokens for decontaminate
+    url: str = ""  # where the prepared dataset is published: path, file://, s3:// or hf://datasets/owner/name ("" = data.dir only); train pulls it into data.dir
+    transfer_workers: int = 4  # files uploaded or downloaded at once by publish-data and the pull before training
 
 
 @dataclass
 class OptimConfig:
-    """AdamW and the warmup -> plateau -> linear-decay schedule."""
+    """AdamW and the learning-rate schedule (baton.schedule)."""
 
     lr: float = 3e-4  # peak learning rate
     beta1: float = 0.9  # AdamW first-moment decay
@@ -83,7 +92,10 @@ class OptimConfig:
     weight_decay: float = 0.1  # applied to matrices only, not to norms
     grad_clip: float = 1.0  # max global gradient norm (0 = off)
     warmup_steps: int = 100  # linear warmup length in optimizer steps
-    decay_start: float = 0.8  # fraction of the horizon where linear decay to 0 begins
+    decay_start: float = 0.8  # fraction of the horizon where the wsd cooldown begins
+    schedule: str = "wsd"  # wsd (warmup, plateau, cooldown) | cosine | linear (both decay from the warmup's end)
+    decay_shape: str = "linear"  # the wsd cooldown's shape: linear | cosine | 1-sqrt
+    min_lr_ratio: float = 0.0  # the floor the decay falls towards, as a fraction of optim.lr, in [0, 1)
 
 
 @dataclass
@@ -96,6 +108,8 @@ class TrainConfig:
     global_batch: int = 16  # samples per optimizer step over all ranks (accumulation is derived)
     precision: str = "fp32"  # fp32 | bf16 | fp16 (+ GradScaler) | auto (bf16 Ampere+, fp16 older GPUs, fp32 CPU)
     compile: bool | str = "auto"  # torch.compile model + loss: auto (on for CUDA, off on CPU) | true | false
+    fused_ce: bool | str = "auto"  # output head + cross-entropy in one kernel (liger-kernel): auto (CUDA, if installed) | true | false
+    deterministic: bool = False  # deterministic kernels + fixed cuBLAS workspace: bit-identical resume on CUDA, costs speed
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 0  # model init and dropout-free RNG seed
     threads: int = 0  # torch CPU threads (0 = torch's default)
@@ -104,6 +118,11 @@ class TrainConfig:
     max_nonfinite: int = 5  # consecutive skipped (non-finite) steps before the run stops
     parallel: str = "ddp"  # ddp (a replica per rank) | fsdp (fully_shard: weights, grads, moments sharded)
     dist_timeout: int = 600  # seconds a rank waits in a collective before failing (bounds a hang)
+    spike_policy: str = "log"  # on a loss spike: log | rollback (to the checkpoint before it, skipping its data) | stop
+    spike_threshold: float = 6.0  # a spike: loss above the window's median by this many robust sigmas (1.4826 x MAD)
+    spike_window: int = 50  # recent losses the spike threshold is measured on (no verdict before it is full)
+    spike_skip_windows: int = 0  # windows skipped on a rollback, ending with the spiking batch (0 = its global batch)
+    max_rollbacks: int = 3  # rollbacks a run may make; one more spike ends the run
 
 
 @dataclass
@@ -146,6 +165,28 @@ class RunConfig:
 
 
 @dataclass
+class PublishConfig:
+    """Where the finished model goes as a Hugging Face model repository (`baton publish`)."""
+
+    url: str = ""  # hf://owner/model-repo, s3://, file:// or a path: the model at its root (empty = no publishing)
+    every: int = 0  # also publish each verified checkpoint at a multiple of N steps as revision step-N (0 = off)
+    license: str = "apache-2.0"  # license named in the model card's metadata
+    tags: list[str] = field(default_factory=list)  # extra Hub tags for the model card
+
+
+@dataclass
+class EvalConfig:
+    """`baton eval` beyond the held-out windows: extra files and lm-evaluation-harness tasks."""
+
+    files: list[str] = field(default_factory=list)  # text or JSONL files scored for loss and bits per byte
+    tasks: list[str] = field(default_factory=list)  # lm-evaluation-harness task names (needs the eval extra)
+    task_dir: str = ""  # folder of local task YAML files for lm-eval (offline use)
+    limit: int = 0  # documents per lm-eval task (0 = all)
+    # Declared last: from here on the name shadows dataclasses.field in this class body.
+    field: str = "text"  # JSONL field holding the text of eval.files
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -154,6 +195,8 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
+    publish: PublishConfig = field(default_factory=PublishConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     # ---- derived quantities (never stored, always recomputed) ----
     @property
@@ -191,9 +234,11 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
         if not p.is_file():
             raise ConfigError(f"config file {p} not found (pass --config with an existing TOML file)")
         try:
-            raw = tomllib.loads(p.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
+            # JSON: the resolved config as a checkpoint or a launcher saved it (`baton config` prints it too).
+            raw = json.loads(p.read_text(encoding="utf-8")) if p.suffix == ".json" else \
+                tomllib.loads(p.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+            raise ConfigError(f"config file {p} is not valid {p.suffix == '.json' and 'JSON' or 'TOML'}: {e}") from None
     problems: list[str] = []
     for item in overrides:
         _apply_override(raw, item, problems)
@@ -374,6 +419,12 @@ def _semantic_problems(cfg: Config) -> list[str]:
         p.append(f"optim.warmup_steps must be >= 0, got {o.warmup_steps}")
     if o.decay_start is not None and not 0.0 < o.decay_start <= 1.0:
         p.append(f"optim.decay_start must be in (0, 1], got {o.decay_start}")
+    if o.schedule not in SCHEDULES:
+        p.append(f"optim.schedule={o.schedule!r} is not one of {', '.join(SCHEDULES)}")
+    if o.decay_shape not in DECAY_SHAPES:
+        p.append(f"optim.decay_shape={o.decay_shape!r} is not one of {', '.join(DECAY_SHAPES)}")
+    if o.min_lr_ratio is not None and not 0.0 <= o.min_lr_ratio < 1.0:
+        p.append(f"optim.min_lr_ratio must be in [0, 1), got {o.min_lr_ratio}")
     if o.grad_clip is not None and o.grad_clip < 0:
         p.append(f"optim.grad_clip must be >= 0, got {o.grad_clip}")
     if isinstance(t.micro_batch, str):
@@ -398,6 +449,8 @@ def _semantic_problems(cfg: Config) -> list[str]:
         p.append(f"train.precision={t.precision!r} is not one of {', '.join(PRECISIONS)}")
     if isinstance(t.compile, str) and t.compile != "auto":
         p.append(f"train.compile={t.compile!r} is not auto, true or false")
+    if isinstance(t.fused_ce, str) and t.fused_ce != "auto":
+        p.append(f"train.fused_ce={t.fused_ce!r} is not auto, true or false")
     if t.device not in ("auto", "cpu", "cuda") and not str(t.device).startswith("cuda:"):
         p.append(f"train.device={t.device!r} is not auto, cpu or cuda")
     for k in ("ckpt_every", "threads"):
@@ -406,6 +459,14 @@ def _semantic_problems(cfg: Config) -> list[str]:
     positive("train.log_every", t.log_every)
     positive("train.max_nonfinite", t.max_nonfinite)
     positive("train.dist_timeout", t.dist_timeout)
+    if t.spike_policy not in SPIKE_POLICIES:
+        p.append(f"train.spike_policy={t.spike_policy!r} is not one of {', '.join(SPIKE_POLICIES)}")
+    positive("train.spike_threshold", t.spike_threshold)
+    if t.spike_window is not None and t.spike_window < 3:
+        p.append(f"train.spike_window must be >= 3 (a median and its spread need a few losses), got {t.spike_window}")
+    for k in ("spike_skip_windows", "max_rollbacks"):
+        if getattr(t, k) is not None and getattr(t, k) < 0:
+            p.append(f"train.{k} must be >= 0, got {getattr(t, k)}")
     if t.parallel not in PARALLEL:
         p.append(f"train.parallel={t.parallel!r} is not one of {', '.join(PARALLEL)}")
     elif t.parallel == "fsdp" and t.precision == "fp16":
@@ -423,6 +484,8 @@ def _semantic_problems(cfg: Config) -> list[str]:
         # Named, never echoed: the config is printed, logged and saved in every checkpoint.
         p.append("store.url must not carry credentials (user:password@ in the URL or in its endpoint); set "
                  "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (S3) or HF_TOKEN (Hub) in the environment instead")
+    p.extend(_data_url_problems(d, s))
+    p.extend(_publish_problems(cfg))
     b = cfg.budget
     for k in ("session_hours", "margin_minutes", "ckpt_minutes", "ckpt_seconds", "startup_minutes",
               "heartbeat_minutes", "bill_factor", "quota_hours", "cap_hours"):
@@ -436,6 +499,35 @@ def _semantic_problems(cfg: Config) -> list[str]:
     if not cfg.run.name or "/" in cfg.run.name or cfg.run.name in (".", ".."):
         p.append(f"run.name={cfg.run.name!r} must be a plain name without '/'")
     return p
+
+
+def _data_url_problems(d: DataConfig, s: StoreConfig) -> list[str]:
+    out = []
+    if d.transfer_workers is not None and not 1 <= d.transfer_workers <= 64:
+        out.append(f"data.transfer_workers must be in 1..64, got {d.transfer_workers}")
+    if d.url and _url_has_credentials(d.url):
+        out.append("data.url must not carry credentials (user:password@); set AWS_ACCESS_KEY_ID / "
+                   "AWS_SECRET_ACCESS_KEY (S3) or HF_TOKEN (Hub) in the environment instead")
+    elif d.url and d.url.rstrip("/") == (s.url or "").rstrip("/"):
+        # The dataset sits at the root of data.url; the checkpoint store's root holds runs.
+        out.append(f"data.url is the same location as store.url ({d.url!r}); give the dataset its own folder or "
+                   "prefix, e.g. s3://bucket/datasets/NAME")
+    return out
+
+
+def _publish_problems(cfg: Config) -> list[str]:
+    out = []
+    url = cfg.publish.url
+    if url and "://" in url and url.split("://", 1)[0] not in ("file", "s3", "hf"):
+        out.append(f"publish.url {url.split('://', 1)[0]}:// is not supported (use hf://owner/repo, s3://, file:// "
+                   "or a path)")
+    elif url and _url_has_credentials(url):
+        out.append("publish.url must not carry credentials; set HF_TOKEN or AWS_* in the environment instead")
+    if cfg.publish.every < 0:
+        out.append(f"publish.every must be >= 0, got {cfg.publish.every}")
+    if cfg.eval.limit < 0:
+        out.append(f"eval.limit must be >= 0, got {cfg.eval.limit}")
+    return out
 
 
 def _budget_text_problems(b: BudgetConfig) -> list[str]:

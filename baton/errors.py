@@ -4,6 +4,10 @@
 class BatonError(Exception):
     """A problem the user can fix: bad config, bad flag, bad or missing input."""
 
+    def _render_traceback_(self) -> list[str]:
+        # IPython (a notebook cell) shows these lines instead of the traceback: the one line the CLI prints.
+        return [f"baton: error: {self}"]
+
 
 class ConfigError(BatonError):
     """The configuration is invalid; the message lists every problem at once."""

@@ -32,6 +32,12 @@ POINTS = (
     "pointer.readback",  # the pointer is written and about to be read back
     "prune",  # the local copy is gone; retention is about to list and delete old checkpoints
     "prune.delete",  # before each old checkpoint is deleted
+    # The dataset's relay (baton.data.publish, baton.data.pull), not part of the checkpoint cycle.
+    "data.publish",  # before each data file is put into data.url, and before its manifest
+    "data.pull",  # before each data file is downloaded from data.url
+    "rollback",  # a loss spike decided a rollback; the checkpoint before it is about to be loaded
+    "rollback.loaded",  # the rollback loaded that checkpoint; its record is about to be written
+    "publish.card",  # a published model's files are verified; its model card is about to be written
 )
 
 _pauses: tuple[str, dict[str, float]] | None = None

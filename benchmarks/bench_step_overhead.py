@@ -40,11 +40,11 @@ def main() -> None:
     import torch.nn.functional as F
 
     from baton.config import load_config
+    from baton.loop import train
     from baton.model.llama import build_model
     from baton.model.optimizer import adamw
     from baton.model.schedule import lr_factor
     from baton.session.core import Session
-    from baton.train import train
 
     work = default_work_dir() if args.work is None else __import__("pathlib").Path(args.work)
     run = f"overhead-{args.shape}"

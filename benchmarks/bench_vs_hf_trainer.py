@@ -37,6 +37,7 @@ OPTIM = {"lr": 2e-3, "warmup": 10, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0
 
 
 def make_trainer(cfg, out: Path, steps: int, callback):
+    """The Trainer for ``cfg``'s model shape, batch geometry, device and precision, on the same windows."""
     import torch
     from transformers import Trainer, TrainingArguments
 
@@ -50,48 +51,39 @@ def make_trainer(cfg, out: Path, steps: int, callback):
             return ds.n_train
 
         def __getitem__(self, i):
-            w = ds.rows([i])[0, :-1]  # the 128 input tokens of window i (the model shifts labels itself)
+            w = ds.rows([i])[0, :-1]  # the input tokens of window i (the model shifts labels itself)
             return {"input_ids": w, "labels": w}
 
-    t = cfg.train
+    t, o = cfg.train, cfg.optim
     args = TrainingArguments(
         output_dir=str(out), per_device_train_batch_size=t.micro_batch,
         gradient_accumulation_steps=t.global_batch // t.micro_batch, max_steps=steps,
-        learning_rate=OPTIM["lr"], weight_decay=OPTIM["weight_decay"], adam_beta1=OPTIM["beta1"],
-        adam_beta2=OPTIM["beta2"], max_grad_norm=OPTIM["clip"], warmup_steps=OPTIM["warmup"],
-        lr_scheduler_type="constant_with_warmup", save_strategy="no", report_to="none", use_cpu=True, seed=0)
+        learning_rate=o.lr, weight_decay=o.weight_decay, adam_beta1=o.beta1, adam_beta2=o.beta2,
+        max_grad_norm=o.grad_clip, warmup_steps=o.warmup_steps, lr_scheduler_type="constant_with_warmup",
+        save_strategy="no", report_to="none", use_cpu=t.device == "cpu", bf16=t.precision == "bf16",
+        fp16=t.precision == "fp16", seed=0)
     model = build_model(cfg.model, "cpu", seed=0)
     return Trainer(model=model, args=args, train_dataset=Windows(), callbacks=[callback])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=80, help="optimizer steps per side")
-    ap.add_argument("--warmup", type=int, default=5, help="leading steps per side not measured")
-    ap.add_argument("--work", default=None)
-    args = ap.parse_args()
-    work = Path(args.work) if args.work else default_work_dir() / "vs-hf"
+def race(cfg, work: Path, steps: int, warmup: int, progress: bool = True) -> dict:
+    """baton and the Trainer on ``cfg`` in one process, taking strict turns step by step; steady tokens/s.
 
-    o = OPTIM
-    cfg_path = write_config(work, "vs-hf", shape="tiny", data_dir=default_work_dir() / "data")
-    text = cfg_path.read_text().replace("lr = 2e-3\nwarmup_steps = 10",
-                                        f"lr = {o['lr']}\nwarmup_steps = {o['warmup']}\nweight_decay = "
-                                        f"{o['weight_decay']}\nbeta1 = {o['beta1']}\nbeta2 = {o['beta2']}\n"
-                                        f"grad_clip = {o['clip']}")
-    cfg_path.write_text(text)
-    prepare_data(cfg_path)
-    for d in (work / "runs" / "vs-hf", work / "store" / "vs-hf"):
-        shutil.rmtree(d, ignore_errors=True)
-
+    ``cfg`` must be a fresh run (its run folder and store prefix are wiped first) with concrete settings:
+    both sides train the same shape from the same seed on the same windows with the same optimizer.
+    """
+    import torch
     from transformers import TrainerCallback
 
-    from baton.config import load_config
+    from baton.loop import train
     from baton.session.core import Session
-    from baton.train import train
 
-    logging.getLogger("baton").setLevel(logging.WARNING)
-    cfg = load_config(cfg_path)
+    for d in (Path(cfg.run_dir), Path(cfg.store.url) / cfg.run.name):
+        shutil.rmtree(d, ignore_errors=True)
     tokens = cfg.train.global_batch * cfg.data.seq_len
+    # On a GPU the Trainer's step ends with kernels still queued (it reads no loss back); its step time
+    # must include them, not leave them to baton's.
+    sync = torch.cuda.synchronize if cfg.train.device.startswith("cuda") else (lambda: None)
 
     hf_go, hf_done = threading.Semaphore(0), threading.Semaphore(0)
     hf_times: list[float] = []
@@ -105,14 +97,15 @@ def main() -> None:
             released[0] = time.perf_counter()
 
         def on_step_end(self, a, state, control, **kw):
+            sync()
             hf_times.append(time.perf_counter() - released[0])
             hf_done.release()
             if not finished.is_set():
                 hf_go.acquire()
             released[0] = time.perf_counter()
 
-    trainer = make_trainer(cfg, work / "hf-out", args.steps, Handoff())
-    s = Session(cfg, resume="never", stop_after=args.steps, progress=True)
+    trainer = make_trainer(cfg, work / "hf-out", steps, Handoff())
+    s = Session(cfg, resume="never", stop_after=steps, progress=progress)
     mark = [0.0]
     orig = s.record
 
@@ -157,16 +150,42 @@ def main() -> None:
         s.close()
     if errors:
         raise errors[0]
-    if len(hf_times) < args.steps:
-        raise SystemExit(f"the Trainer stopped after {len(hf_times)} of {args.steps} steps")
+    if len(hf_times) < steps:
+        raise SystemExit(f"the Trainer stopped after {len(hf_times)} of {steps} steps")
+    b_dt, h_dt = baton_times[warmup:], hf_times[warmup:]
+    return {"tokens_per_step": tokens, "baton_step_seconds": b_dt, "hf_step_seconds": h_dt,
+            "baton_tokens_per_s": tokens / median(b_dt), "hf_tokens_per_s": tokens / median(h_dt),
+            "ratio": median(h_dt) / median(b_dt),
+            # Trainer step / baton step = baton rate / Trainer rate, pair by pair
+            "pair_ratio_median": median([x / y for x, y in zip(h_dt, b_dt)])}
 
-    b_dt, h_dt = baton_times[args.warmup:], hf_times[args.warmup:]
-    b, h = tokens / median(b_dt), tokens / median(h_dt)
-    pair = [x / y for x, y in zip(h_dt, b_dt)]  # Trainer step / baton step = baton rate / Trainer rate
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=80, help="optimizer steps per side")
+    ap.add_argument("--warmup", type=int, default=5, help="leading steps per side not measured")
+    ap.add_argument("--work", default=None)
+    args = ap.parse_args()
+    work = Path(args.work) if args.work else default_work_dir() / "vs-hf"
+
+    o = OPTIM
+    cfg_path = write_config(work, "vs-hf", shape="tiny", data_dir=default_work_dir() / "data")
+    text = cfg_path.read_text().replace("lr = 2e-3\nwarmup_steps = 10",
+                                        f"lr = {o['lr']}\nwarmup_steps = {o['warmup']}\nweight_decay = "
+                                        f"{o['weight_decay']}\nbeta1 = {o['beta1']}\nbeta2 = {o['beta2']}\n"
+                                        f"grad_clip = {o['clip']}")
+    cfg_path.write_text(text)
+    prepare_data(cfg_path)
+
+    from baton.config import load_config
+
+    logging.getLogger("baton").setLevel(logging.WARNING)
+    r = race(load_config(cfg_path), work, args.steps, args.warmup)
+    b, h = r["baton_tokens_per_s"], r["hf_tokens_per_s"]
     print(f"# baton vs Hugging Face Trainer, tiny shape, fp32: {machine()}")
-    print(f"baton       {b:,.0f} tok/s, step {spread(b_dt)}")
-    print(f"HF Trainer  {h:,.0f} tok/s, step {spread(h_dt)}")
-    print(f"median of per-pair ratios {median(pair):.4f}")
+    print(f"baton       {b:,.0f} tok/s, step {spread(r['baton_step_seconds'])}")
+    print(f"HF Trainer  {h:,.0f} tok/s, step {spread(r['hf_step_seconds'])}")
+    print(f"median of per-pair ratios {r['pair_ratio_median']:.4f}")
     print(f"TOKENS/S RATIO (baton / HF Trainer, medians) = {b / h:.4f}  target >= 1.0  "
           f"{'OK' if b >= h else 'MISSED'}")
 

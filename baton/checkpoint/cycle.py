@@ -13,6 +13,7 @@ import logging
 import random
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 POINTER = "latest.json"
 WINDOW = 64 << 10  # bytes per read-back window
 FULL_CHUNK = 8 << 20
+READ_BACK_THREADS = 4  # files read back at once (each holds at most one window or FULL_CHUNK in memory)
 
 
 @dataclass
@@ -52,21 +54,28 @@ def local_manifest(folder: Path) -> dict[str, dict[str, Any]]:
     }
 
 
+def store_key(prefix: str, name: str) -> str:
+    """``name`` under ``prefix``; the empty prefix is the store's root (where a published dataset lives)."""
+    return f"{prefix}/{name}" if prefix else name
+
+
 def verify_remote(store: Store, prefix: str, files: dict[str, dict[str, Any]], local: Path, mode: str = "sample",
-                  rng: random.Random | None = None) -> None:
+                  rng: random.Random | None = None, what: str = "") -> None:
     """Prove the store holds ``files`` under ``prefix``: its listing, then bytes read back.
 
     Raises VerificationError listing every problem; any exception while reading back is a problem, never
-    dropped (a listing alone once passed a checkpoint whose read-back was a 404).
+    dropped (a listing alone once passed a checkpoint whose read-back was a 404). ``what`` names the
+    files in messages (default: the checkpoint at ``prefix``).
     """
     rng = rng or random.Random()
+    what = what or f"checkpoint {prefix}"
     problems: list[str] = []
     try:
-        listing = store.list(prefix + "/")
+        listing = store.list(prefix + "/" if prefix else "")
     except Exception as e:
-        raise VerificationError(f"could not list {prefix}/ in {store.describe()}: {e}") from None
+        raise VerificationError(f"could not list {prefix or '/'} in {store.describe()}: {e}") from None
     for name, want in files.items():
-        key = f"{prefix}/{name}"
+        key = store_key(prefix, name)
         got = listing.get(key)
         if got is None:
             problems.append(f"{name}: not listed by the store")
@@ -77,21 +86,30 @@ def verify_remote(store: Store, prefix: str, files: dict[str, dict[str, Any]], l
             problems.append(f"{name}: store lists no sha256")
         elif got.sha256 != want["sha256"]:
             problems.append(f"{name}: store lists sha256 {got.sha256[:12]}…, pushed {want['sha256'][:12]}…")
-    sources = sorted({listing[f"{prefix}/{n}"].source for n in files if f"{prefix}/{n}" in listing} - {""})
-    for name, want in files.items():
-        if any(p.startswith(f"{name}:") for p in problems):
-            continue
+    sources = sorted({listing[store_key(prefix, n)].source for n in files if store_key(prefix, n) in listing} - {""})
+    # The windows are drawn in file order (a seeded rng reproduces them), then read a few files at a time: on
+    # a remote store each read is a round trip, and a dataset has hundreds of files.
+    todo = [(name, want["size"], read_windows(want["size"], mode, rng)) for name, want in files.items()
+            if not any(p.startswith(f"{name}:") for p in problems)]
+
+    def check(item: tuple[str, int, list[tuple[int, int]]]) -> str | None:
+        name, size, windows = item
         try:
-            _read_back(store, f"{prefix}/{name}", local / name, want["size"], mode, rng)
+            _read_back(store, store_key(prefix, name), local / name, size, windows)
         except VerificationError as e:
-            problems.append(f"{name}: {e}")
+            return f"{name}: {e}"
         except Exception as e:  # a 404, a reset connection, a bad status: all fail verification
-            problems.append(f"{name}: read-back failed: {type(e).__name__}: {e}")
+            return f"{name}: read-back failed: {type(e).__name__}: {e}"
+        return None
+
+    if todo:
+        with ThreadPoolExecutor(min(READ_BACK_THREADS, len(todo))) as pool:
+            problems += [p for p in pool.map(check, todo) if p]
     if problems:
         raise VerificationError(
-            f"checkpoint {prefix} failed verification in {store.describe()}: " + "; ".join(problems)
+            f"{what} failed verification in {store.describe()}: " + "; ".join(problems)
         )
-    log.info("verified %s: %d files, sizes and sha256 (%s) and %s read-back", prefix, len(files),
+    log.info("verified %s: %d files, sizes and sha256 (%s) and %s read-back", what, len(files),
              "; ".join(sources) or "no source", "full" if mode == "full" else "windowed")
 
 
@@ -105,9 +123,9 @@ def read_windows(size: int, mode: str, rng: random.Random) -> list[tuple[int, in
     return sorted({(0, w - 1), (size - w, size - 1), (mid, mid + w - 1)})
 
 
-def _read_back(store: Store, key: str, local: Path, size: int, mode: str, rng: random.Random) -> None:
+def _read_back(store: Store, key: str, local: Path, size: int, windows: list[tuple[int, int]]) -> None:
     with open(local, "rb") as f:
-        for a, b in read_windows(size, mode, rng):
+        for a, b in windows:
             r = store.read_range(key, a, b)
             want_range = f"bytes {a}-{b}/{size}"
             if r.status != 206:
@@ -156,12 +174,12 @@ def push_folder(store: Store, local: Path, prefix: str, mode: str) -> tuple[dict
         files = {}
         for p in sorted(q for q in local.iterdir() if q.is_file()):
             faults.point("upload")
-            files[p.name] = {"size": p.stat().st_size, "sha256": store.put_file(p, f"{prefix}/{p.name}", None)}
+            files[p.name] = {"size": p.stat().st_size, "sha256": store.put_file(p, store_key(prefix, p.name), None)}
         t1 = t0
     else:
         files = local_manifest(local)
         t1 = time.perf_counter()
-        put_files(store, [(local / name, f"{prefix}/{name}", info["sha256"]) for name, info in files.items()])
+        put_files(store, [(local / name, store_key(prefix, name), info["sha256"]) for name, info in files.items()])
     t2 = time.perf_counter()
     faults.point("verify")
     verify_remote(store, prefix, files, local, mode)

@@ -30,6 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--force", action="store_true", help="prepare again even when the folder matches the config")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--publish", action="store_true", help="then publish the prepared folder to data.url, verified")
+
+    p = sub.add_parser("publish-data", help="push the prepared data folder (data.dir) to data.url, verified; a "
+                       "rerun uploads only what the store does not hold yet")
+    _config_args(p)
 
     p = sub.add_parser("train", help="resume from the store and train to the next stop boundary")
     _config_args(p)
@@ -76,6 +81,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--from", dest="source", default="store",
                    help="'store' (the run's latest verified checkpoint) or a local checkpoint folder")
+    p.add_argument("--step", type=int, default=None, metavar="N",
+                   help="the verified checkpoint at step N in the store (default: the pointer's)")
+
+    p = sub.add_parser("eval", help="score a verified checkpoint: held-out loss and bits per byte, eval files, "
+                       "lm-eval tasks; written to <run>/eval/<step>.json in the store")
+    _config_args(p)
+    p.add_argument("--step", type=int, default=None, metavar="N", help="the verified checkpoint at step N "
+                   "(default: the pointer's)")
+    p.add_argument("--tasks", default=None, metavar="A,B", help="lm-evaluation-harness tasks (default: eval.tasks; "
+                   "'' for none)")
+    p.add_argument("--files", nargs="*", default=None, metavar="FILE", help="text or JSONL files to score "
+                   "(default: eval.files)")
+
+    p = sub.add_parser("publish", help="publish a verified checkpoint as a Hugging Face model repository with a "
+                       "model card at publish.url")
+    _config_args(p)
+    p.add_argument("--step", type=int, default=None, metavar="N", help="the verified checkpoint at step N "
+                   "(default: the pointer's)")
+    p.add_argument("--revision", default=None, metavar="NAME", help="publish to this revision (a branch on the "
+                   "Hub, a folder elsewhere) instead of the main one, e.g. step-1000")
 
     p = sub.add_parser("sample", help="generate text from an exported model folder")
     p.add_argument("--from", dest="source", required=True, help="an exported model folder (baton export, or "
@@ -88,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify-data", help="rehash every shard and check the manifest")
     _config_args(p, required=False)
     p.add_argument("--dir", help="data folder: a local path or a store URL (file://, s3://, hf://); "
-                   "default: data.dir of the config")
+                   "default: data.url of the config when set, else data.dir")
     p.add_argument("--workers", type=int, default=0, help="files hashed at once (default: 2 per core, at most 16)")
 
     p = sub.add_parser("data-info", help="tokens, windows, horizon and margin for the config")
@@ -154,12 +179,16 @@ def _load(args):
 
 
 def cmd_prepare(args) -> int:
-    from ..data.prepare import prepare
+    from ..api import prepare
 
-    cfg = _load(args)
-    m = prepare(cfg, force=args.force, progress=not args.no_progress)
-    print(f"prepared {cfg.data.dir}: {m['total_tokens']:,} tokens in {m['n_shards']} shards, "
-          f"vocab {m['tokenizer']['vocab_size']}, fingerprint {m['fingerprint']}")
+    prepare(_load(args), force=args.force, progress=not args.no_progress, publish=args.publish)
+    return 0
+
+
+def cmd_publish_data(args) -> int:
+    from ..api import publish_data
+
+    publish_data(_load(args))
     return 0
 
 
@@ -169,84 +198,50 @@ def cmd_train(args) -> int:
     if args.verify is not None:
         args.overrides = [*args.overrides, f"store.verify={args.verify}"]
     cfg = _load(args)
-    if args.stop_after_steps is not None and args.stop_after_steps <= 0:
-        raise BatonError(f"--stop-after-steps must be a positive step number, got {args.stop_after_steps}")
-    if args.nproc < 1:
-        raise BatonError(f"--nproc must be >= 1, got {args.nproc}")
-    from ..checkpoint.drift import validate_allowed
-
-    allow_change = tuple(sorted(validate_allowed(args.allow_change)))
-    from .plan import train_clock
-
-    # The budget counts from this command's start (the platform's clock), also for the ranks of a launch.
-    started, deadline = train_clock(args, cfg)
-    if "RANK" not in os.environ and (args.nproc > 1 or args.nnodes != "1" or args.rdzv_endpoint or args.master_addr):
-        return _launch_torchrun(args, cfg)
-    from ..runtime import logs
-    from ..train import run
-
-    # This rank's log file from the start, so a failure before training still lands in it.
-    logs.setup(int(os.environ.get("RANK", 0)), cfg.run_dir / "logs")
-
-    summary = run(cfg, resume=args.resume, stop_after=args.stop_after_steps, progress=not args.no_progress,
-                  deadline=deadline, started=started, allow_change=allow_change)
-    from ..runtime import dist
-
-    dist.shutdown()  # a clean exit leaves no process group behind (NCCL warns, and may hang, otherwise)
-    if summary.get("val_loss") is not None and int(os.environ.get("RANK", 0)) == 0:
-        print(f"final validation: loss {summary['val_loss']:.4f}, perplexity {summary['val_ppl']:.2f}")
-    return 0
-
-
-# Flags of `baton train` that configure the launcher; every other flag is passed on to each rank.
-_LAUNCH_DESTS = {"nproc", "nnodes", "rdzv_endpoint", "rdzv_id", "rdzv_backend", "master_addr", "master_port",
-                 "node_rank", "shutdown_timeout"}
-
-
-def _launch_torchrun(args, cfg) -> int:
-    """Re-run this command under torchrun with the training *module* (never the interpreter as a script)."""
-    from ..runtime.launch import LaunchSpec, check_geometry, launch
+    from ..api import LaunchFailed, train
+    from ..runtime.launch import LaunchSpec
 
     spec = LaunchSpec(nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
                       master_port=args.master_port, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
                       rdzv_backend=args.rdzv_backend, shutdown_timeout=args.shutdown_timeout)
-    spec.check()
-    check_geometry(spec, cfg.train.global_batch, cfg.train.micro_batch)
-    return launch(spec, _rank_argv(args), cfg.run_dir / "logs", cfg.run.name)
-
-
-def _rank_argv(args) -> list[str]:
-    """The train flags as given, minus the launcher's: rebuilt from the parser, so new flags pass on too."""
-    parser = build_parser()
-    train = next(a for a in parser._subparsers._group_actions if isinstance(a, argparse._SubParsersAction))
-    out: list[str] = []
-    for action in train.choices["train"]._actions:
-        if not action.option_strings or action.dest in _LAUNCH_DESTS or action.dest == "help":
-            continue
-        value, flag = getattr(args, action.dest, None), action.option_strings[-1]
-        if flag.startswith("-") and not flag.startswith("--"):
-            flag = next((o for o in action.option_strings if o.startswith("--")), flag)
-        if value is None or value == action.default:
-            continue
-        if isinstance(action, argparse._StoreTrueAction):
-            out.append(flag)
-        elif isinstance(action, argparse._StoreFalseAction):
-            out.append(flag)
-        elif isinstance(action, argparse._AppendAction):
-            for v in value:
-                out += [flag, str(v)]
-        elif isinstance(value, (list, tuple)):  # nargs
-            out += [flag, *map(str, value)]
-        else:
-            out += [flag, str(value)]
-    return out
+    try:
+        # A terminal shows the ranks' output directly: no copy through this process.
+        train(cfg, resume=args.resume, stop_after_steps=args.stop_after_steps, session_hours=args.session_hours,
+              deadline=args.deadline, allow_change=args.allow_change, progress=not args.no_progress, launch=spec,
+              session_start=args.session_start, stream_output=False)
+    except LaunchFailed as e:
+        return e.status  # the ranks' errors and the launcher's report are printed already
+    return 0
 
 
 def cmd_export(args) -> int:
-    from ..model.export import export_run
+    from ..api import export
 
-    out = export_run(_load(args), args.source, Path(args.out))
-    print(f"exported to {out}")
+    export(_load(args), Path(args.out), args.source, args.step)
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from ..evaluate.run import run_eval
+
+    tasks = None if args.tasks is None else [t.strip() for t in args.tasks.split(",") if t.strip()]
+    record, key = run_eval(_load(args), args.step, args.files, tasks)
+    h = record["heldout"]
+    print(f"step {record['step']}: held-out loss {h['loss']:.4f}, bits per byte {h['bits_per_byte']:.4f} over "
+          f"{h['windows']} windows")
+    for name, r in record["files"].items():
+        print(f"  {name}: loss {r['loss']:.4f}, bits per byte {r['bits_per_byte']:.4f} over {r['tokens']:,} tokens")
+    for task, metrics in record["tasks"].items():
+        print(f"  {task}: " + ", ".join(f"{m} {v:.4f}" for m, v in metrics.items()))
+    print(f"written to {key}")
+    return 0
+
+
+def cmd_publish(args) -> int:
+    from ..release.publish import publish
+
+    out = publish(_load(args), args.step, args.revision)
+    print(f"published step {out['step']} to {out['target']}: {len(out['files'])} files verified, then {out['card']}")
     return 0
 
 
@@ -263,7 +258,8 @@ def cmd_verify_data(args) -> int:
     if args.dir:
         folder = args.dir
     elif args.config:
-        folder = _load(args).data.dir
+        cfg = _load(args)
+        folder = cfg.data.url or cfg.data.dir
     else:
         raise BatonError("verify-data needs --dir or --config")
     report = verify_data(str(folder), args.workers)
@@ -278,6 +274,9 @@ def cmd_data_info(args) -> int:
     from ..data.reader import WindowDataset
 
     cfg = _load(args)
+    from ..data.pull import ensure_data
+
+    ensure_data(cfg)  # with data.url: the published dataset, pulled and verified here (logged)
     ds = WindowDataset(cfg.data.dir, cfg.data.seq_len, cfg.data.shuffle_seed, cfg.data.val_windows)
     geo = Geometry.of(ds.stream.total, cfg.data.seq_len, ds.n_val, cfg.total_steps, cfg.tokens_per_step)
     for line in geo.lines():
@@ -357,8 +356,11 @@ COMMANDS = {
     "ledger": cmd_ledger,
     "status": cmd_status,
     "prepare": cmd_prepare,
+    "publish-data": cmd_publish_data,
     "train": cmd_train,
     "export": cmd_export,
+    "eval": cmd_eval,
+    "publish": cmd_publish,
     "sample": cmd_sample,
     "verify-data": cmd_verify_data,
     "data-info": cmd_data_info,

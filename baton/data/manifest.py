@@ -51,3 +51,32 @@ def parse_manifest(raw: bytes | str, where: str) -> dict[str, Any]:
         raise DataError(f"{where} has format {m['format']!r}; this baton reads {FORMAT!r}")
     return m
 
+
+def bad_shard_names(shards: list[dict[str, Any]]) -> list[str]:
+    """Shard names that are not unique plain file names (a manifest must not point outside its folder)."""
+    return sorted({n for n in (s.get("file", "") for s in shards) if not n or "/" in n or "\\" in n
+                   or n.startswith(".")})
+
+
+def manifest_problems(m: dict[str, Any]) -> list[str]:
+    """Where a manifest disagrees with itself: shard records against ``n_shards``, per-shard tokens against
+    ``total_tokens``, shard names, and the fingerprint against the shard list it summarises. A manifest
+    edited by hand (or damaged) after it was written fails here without reading a single shard."""
+    problems: list[str] = []
+    shards = m["shards"]
+    if len(shards) != m["n_shards"]:
+        problems.append(f"{MANIFEST}: {len(shards)} shard records but n_shards={m['n_shards']}")
+    declared = sum(int(s.get("tokens", 0)) for s in shards)
+    if declared != m["total_tokens"]:
+        problems.append(f"{MANIFEST}: shard tokens add up to {declared:,} but total_tokens={m['total_tokens']:,}")
+    bad, names = bad_shard_names(shards), [s.get("file", "") for s in shards]
+    if bad or len(set(names)) != len(names):
+        problems.append(f"{MANIFEST}: shard names must be unique plain file names (got {bad or 'duplicates'})")
+    try:
+        fp = corpus_fingerprint(shards, m["tokenizer"]["sha256"], m["dtype"])
+        if fp != m["fingerprint"]:
+            problems.append(f"{MANIFEST}: fingerprint {m['fingerprint']} does not match its shard list ({fp})")
+    except (KeyError, TypeError, ValueError) as e:
+        problems.append(f"{MANIFEST}: malformed shard or tokenizer record ({e})")
+    return problems
+

@@ -5,6 +5,11 @@ covers tokens [i*L, i*L + L] (L+1 tokens, so labels are the next tokens). The la
 windows are held out for validation. Training sample s (counted globally over the whole run) is window
 ``perm_e[s mod n_train]`` of epoch e = s div n_train. Resuming at sample s therefore *slices* the order at
 s: there is no iteration over earlier samples and no state other than the counter.
+
+A run may skip ranges of that order (a loss-spike rollback skips the samples that produced the spike):
+``skipped`` holds half-open ranges of *stream* positions, and training sample s is then the s-th
+position of the stream that is not skipped. The ranges are part of the cursor, so the position stays
+arithmetic: a counter plus a short list.
 """
 
 from __future__ import annotations
@@ -39,16 +44,52 @@ class Cursor:
     shuffle_seed: int
     dataset_fingerprint: str
     permutation_fingerprint: str
+    skipped: tuple[tuple[int, int], ...] = ()  # stream ranges [start, end) the run skips, sorted and disjoint
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return asdict(self) | {"skipped": [list(r) for r in self.skipped]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Cursor:
         try:
-            return cls(**{k: d[k] for k in cls.__dataclass_fields__})
-        except (KeyError, TypeError) as e:
+            fields = {k: d[k] for k in cls.__dataclass_fields__ if k != "skipped"}
+            # A cursor written before ranges could be skipped has none.
+            skipped = tuple((int(a), int(b)) for a, b in d.get("skipped") or ())
+            problem = skipped_problem(skipped)
+            if problem:
+                raise ValueError(problem)
+            return cls(**fields, skipped=skipped)
+        except (KeyError, TypeError, ValueError) as e:
             raise ResumeError(f"checkpoint cursor is malformed ({e}): {d!r}") from None
+
+
+def skipped_problem(ranges: tuple[tuple[int, int], ...]) -> str | None:
+    """What is wrong with a list of skipped ranges (None: non-empty, sorted, disjoint, not negative)."""
+    last = 0
+    for a, b in ranges:
+        if not 0 <= a < b or a < last:
+            return f"skipped range [{a}, {b}) is empty, negative or overlaps the one before it"
+        last = b
+    return None
+
+
+def merge_range(ranges: tuple[tuple[int, int], ...], new: tuple[int, int]) -> tuple[tuple[int, int], ...]:
+    """``ranges`` with ``new`` added, overlapping or touching ranges joined."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted([*ranges, new]):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return tuple(out)
+
+
+def stream_positions(samples: np.ndarray, skipped: tuple[tuple[int, int], ...]) -> np.ndarray:
+    """The stream position of each training sample number, stepping over the skipped ranges."""
+    pos = samples
+    for a, b in skipped:  # ascending: each shift can only carry a position past later ranges
+        pos = np.where(pos >= a, pos + (b - a), pos)
+    return pos
 
 
 class TokenStream:
@@ -99,6 +140,15 @@ class WindowDataset:
         self.permutation_fingerprint = self._perm(0).fingerprint()
         self._id_block: tuple[int, np.ndarray] | None = None  # (first sample, window ids from there)
         self._last_start: int | None = None  # the last sample a block miss started at
+        self.skipped: tuple[tuple[int, int], ...] = ()
+
+    def set_skipped(self, ranges: tuple[tuple[int, int], ...]) -> None:
+        """Skip these stream ranges from now on (the cursor's ``skipped``)."""
+        self.skipped = tuple(ranges)
+        self._id_block, self._last_start = None, None
+
+    def stream_position(self, sample: int) -> int:
+        return int(stream_positions(np.array([sample], dtype=np.int64), self.skipped)[0])
 
     def _perm(self, epoch: int) -> Permutation:
         if epoch not in self._perms:
@@ -109,10 +159,16 @@ class WindowDataset:
 
     # ---- addressing
     def train_window_ids(self, start_sample: int, count: int) -> np.ndarray:
+        if self.skipped:
+            return self._ids_at(stream_positions(np.arange(start_sample, start_sample + count, dtype=np.int64),
+                                                 self.skipped))
         e, first = divmod(start_sample, self.n_train)
         if first + count <= self.n_train:  # within one epoch: the common case, one call
             return self._perm(e).take(np.arange(first, first + count, dtype=np.int64))
-        s = np.arange(start_sample, start_sample + count, dtype=np.int64)
+        return self._ids_at(np.arange(start_sample, start_sample + count, dtype=np.int64))
+
+    def _ids_at(self, s: np.ndarray) -> np.ndarray:
+        """The window at each stream position in ``s``."""
         epochs, pos = np.divmod(s, self.n_train)
         out = np.empty_like(s)
         for e in np.unique(epochs):
@@ -178,7 +234,7 @@ class WindowDataset:
     # ---- the cursor
     def cursor(self, samples_consumed: int, step: int) -> Cursor:
         return Cursor(samples_consumed, step, self.seq_len, self.shuffle_seed, self.fingerprint,
-                      self.permutation_fingerprint)
+                      self.permutation_fingerprint, self.skipped)
 
     def check_cursor(self, c: Cursor) -> None:
         """Refuse to resume a cursor that would mean different samples here (lists every difference)."""

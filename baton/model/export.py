@@ -58,33 +58,43 @@ def generate(folder: Path, prompt: str, max_new_tokens: int = 64, temperature: f
     return tok.decode(out[0], skip_special_tokens=False)
 
 
-def export_run(cfg, source: str, out: Path) -> Path:
-    """Export the run's latest verified checkpoint (``source='store'``) or a local checkpoint folder."""
-    import tempfile
-
-    from ..checkpoint.pull import pull_checkpoint, read_pointer
+def checkpoint_model(cfg, source: str, tmp: Path, step: int | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The model of a verified checkpoint in the store (``source='store'``; ``step`` None: the pointer's) or of a
+    local checkpoint folder, on the CPU, with the checkpoint's state."""
+    from ..checkpoint.pull import pull_checkpoint
+    from ..checkpoint.select import locate
     from ..checkpoint.state import load_weights, read_state
     from ..config import config_from_dict
-    from ..data.manifest import load_manifest
-    from ..data.prepare import TOKENIZER_FILE
     from ..store import RetryPolicy, open_store
     from .llama import build_model
 
+    if source == "store":
+        store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
+        folder = pull_checkpoint(store, cfg.run.name, locate(store, cfg.run.name, step), tmp / "ckpt")
+    else:
+        if step is not None:
+            raise BatonError("--step picks a checkpoint in the store; it cannot be combined with --from FOLDER")
+        folder = Path(source)
+        if not folder.is_dir():
+            raise BatonError(f"--from {source}: no such checkpoint folder (use 'store' or a folder)")
+    state = read_state(folder)
+    if step is not None and state["step"] != step:
+        raise BatonError(f"the checkpoint at step {step} holds the state of step {state['step']}: the store is damaged")
+    model = build_model(config_from_dict(state["config"]).model, "cpu")
+    load_weights(folder, model)
+    return model, state
+
+
+def export_run(cfg, source: str, out: Path, step: int | None = None) -> Path:
+    """Export the run's latest verified checkpoint (``source='store'``), the verified one at ``step``, or a
+    local checkpoint folder."""
+    import tempfile
+
+    from ..data.manifest import load_manifest
+    from ..data.prepare import TOKENIZER_FILE
+
     with tempfile.TemporaryDirectory(prefix="baton-export-") as tmp:
-        if source == "store":
-            store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
-            pointer = read_pointer(store, cfg.run.name)
-            if pointer is None:
-                raise BatonError(f"{store.describe()} holds no checkpoint for run {cfg.run.name!r} (train first)")
-            folder = pull_checkpoint(store, cfg.run.name, pointer, Path(tmp) / "ckpt")
-        else:
-            folder = Path(source)
-            if not folder.is_dir():
-                raise BatonError(f"--from {source}: no such checkpoint folder (use 'store' or a folder)")
-        state = read_state(folder)
-        saved = config_from_dict(state["config"])
-        model = build_model(saved.model, "cpu")
-        load_weights(folder, model)
+        model, state = checkpoint_model(cfg, source, Path(tmp), step)
         manifest = load_manifest(cfg.data.dir)
         return export_model(model, Path(cfg.data.dir) / TOKENIZER_FILE, out, manifest["tokenizer"]["eos_token"],
                             meta={"run": cfg.run.name, "step": state["step"], "config": state["config"]})

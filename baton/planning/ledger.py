@@ -54,7 +54,7 @@ class SessionLedger:
 
     def __init__(self, store: Store, run: str, started: float, device: str, accelerators: int,
                  bill_factor: float, tokens_per_step: int, deadline: float | None = None,
-                 heartbeat_every_s: float = 0.0):
+                 heartbeat_every_s: float = 0.0, data: dict[str, Any] | None = None):
         self.store = store
         self.run = run
         self.id = new_session_id(started)
@@ -68,6 +68,8 @@ class SessionLedger:
             "tokens_per_step": tokens_per_step, "stepping_seconds": 0.0, "tokens_per_s": None,
             "checkpoints": [], "deadline": _iso_s(deadline) if deadline else None, "deadline_ts": deadline,
             "heartbeat_every_s": heartbeat_every_s, "billed_hours": 0.0,
+            # where the data came from and how long making it present took (baton.data.pull), if pulled
+            "data": data, "startup_seconds": None,
         }
         self._last_write = 0.0
         self.ok = self._write()
@@ -94,6 +96,8 @@ class SessionLedger:
 
     def resumed(self, step: int) -> None:
         self.rec["steps_from"] = self.rec["steps_to"] = step
+        # From the command's start to the first step: data pull, checkpoint pull, model build (measured startup).
+        self.rec["startup_seconds"] = round(max(0.0, time.time() - self.rec["started_ts"]), 3)
         self._write()
 
     def heartbeat(self, step: int, stepping_seconds: float) -> bool:
@@ -214,6 +218,18 @@ def measured_rate(records: list[dict[str, Any]]) -> tuple[float | None, str]:
         if rec.get("tokens_per_s"):
             return float(rec["tokens_per_s"]), f"session {rec['session']}"
     return None, "no session has measured a rate yet"
+
+
+def startup_seconds(records: list[dict[str, Any]], last: int = 3) -> tuple[float | None, str]:
+    """The slowest startup (command start to first step) among the last few training sessions that measured
+    one, and what it is made of: the budget a session must reserve before stepping."""
+    seen = [r for r in records if r.get("startup_seconds") is not None][-last:]
+    if not seen:
+        return None, "no session has measured its startup yet"
+    worst = max(seen, key=lambda r: r["startup_seconds"])
+    pull = (worst.get("data") or {}).get("seconds")
+    return float(worst["startup_seconds"]), (f"measured (ledger, session {worst['session']}"
+                                             + (f": data pull {pull:.1f} s of it" if pull is not None else "") + ")")
 
 
 def checkpoint_seconds(records: list[dict[str, Any]], last: int = 3) -> float | None:

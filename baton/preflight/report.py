@@ -18,7 +18,9 @@ ROWS: list[tuple[str, str | None, list[str] | None]] = [
     ("Precision as configured: fp32 master weights, GradScaler exactly when fp16", "construct",
      ["precision asserted: fp32 master weights, GradScaler live exactly when fp16"]),
     ("The schedule's shape, measured", "construct",
-     ["schedule: warmup, plateau, linear decay ending one step short of zero"]),
+     ["schedule: 1.0 at the warmup's end and the decay start, never rising after, above the floor at the end"]),
+    ("The data on this machine: where it came from, how long the pull took", "data",
+     ["the data is present on this machine, from where the config says"]),
     ("Data bytes match the manifest", "data", ["every shard hashes to its manifest entry"]),
     ("Resumption from the exact data position", "data",
      ["resume reads the same windows at every boundary", "labels are next-token",
@@ -115,6 +117,9 @@ def render(doc: dict[str, Any]) -> str:
             lines += [f"**Error:** `{_cell(s['error'])}`", ""]
         for c in s["checks"]:
             lines.append(f"- {MARK_CHECK[c['ok']]} {c['name']}" + (f" — {_cell(c['detail'])}" if c["detail"] else ""))
+        plot = (s["numbers"].get("schedule") or {}).get("plot")
+        if plot:  # the construct stage's measured schedule, drawn
+            lines += ["", "```text", *plot, "```"]
         if s["numbers"]:
             lines += ["", "<details><summary>measured numbers</summary>", "", "```json",
                       json.dumps(_trim(s["numbers"]), indent=1, default=str), "```", "", "</details>"]
@@ -127,6 +132,8 @@ def render(doc: dict[str, Any]) -> str:
 
 def _trim(numbers: dict[str, Any]) -> dict[str, Any]:
     out = dict(numbers)
+    if isinstance(out.get("schedule"), dict):
+        out["schedule"] = {k: v for k, v in out["schedule"].items() if k != "plot"}  # drawn above instead
     if isinstance(out.get("loss_trace"), list) and len(out["loss_trace"]) > 12:
         out["loss_trace"] = out["loss_trace"][:6] + ["…"] + out["loss_trace"][-6:]
     if isinstance(out.get("plan"), dict):

@@ -5,19 +5,41 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from itertools import pairwise
 
 import torch
 
 from ..checkpoint.cycle import push_checkpoint
 from ..checkpoint.pull import pull_checkpoint, read_pointer
 from ..checkpoint.state import rng_state, save_checkpoint
+from ..data.pull import ensure_data
 from ..data.reader import Cursor, WindowDataset, prefix_collisions
 from ..data.verify import verify_data
 from ..model.llama import build_model, count_parameters, param_count
 from ..model.optimizer import adamw, check_precision
-from ..model.schedule import decay_begin, lr_factor, plateau_share
+from ..model.schedule import factor_for, landmarks, plateau_share, plot
 from ..store import delete_prefix, open_store
 from .core import Context, StageResult, timed
+
+SCHEDULE_CHECK = "schedule: 1.0 at the warmup's end and the decay start, never rising after, above the floor at the end"
+
+
+def schedule_shape(cfg) -> tuple[dict, bool, str]:
+    """The configured schedule's factors measured at its landmarks, whether its shape holds, and one line."""
+    o, total = cfg.optim, cfg.total_steps
+    at = landmarks(total, o.warmup_steps, o.decay_start, o.schedule)
+    f = [factor_for(o, s, total) for s in range(total)]
+    shape = {"schedule": o.schedule, "decay_shape": o.decay_shape if o.schedule == "wsd" else o.schedule,
+             "min_lr_ratio": o.min_lr_ratio, "total_steps": total,
+             "plateau_share": plateau_share(total, o.warmup_steps, o.decay_start, o.schedule),
+             **{f"step_{k}": s for k, s in at.items()}, **{f"factor_{k}": f[s] for k, s in at.items()},
+             "plot": plot(o, total)}
+    ok = (f[at["warmup_end"]] == 1.0 and abs(f[at["decay_start"]] - 1.0) < 1e-12
+          and all(b <= a for a, b in pairwise(f[at["warmup_end"]:])) and o.min_lr_ratio < f[-1] <= f[at["at_90pct"]])
+    detail = (f"{o.schedule}{' (' + o.decay_shape + ' cooldown)' if o.schedule == 'wsd' else ''}, floor "
+              f"{o.min_lr_ratio:g}: plateau {shape['plateau_share']:.1%}, decay from step {at['decay_start']}, "
+              f"{shape['factor_at_90pct']:.3f} at 90 %, {shape['factor_last']:.4f} at the final update")
+    return shape, ok, detail
 
 
 @timed
@@ -43,22 +65,9 @@ def stage_construct(ctx: Context) -> StageResult:
     r.check("backward gives finite gradients for every parameter",
             all(g is not None and torch.isfinite(g).all().item() for g in grads))
 
-    total = cfg.total_steps
-    w, d = cfg.optim.warmup_steps, cfg.optim.decay_start
-    shape = {
-        "total_steps": total,
-        "plateau_share": plateau_share(total, w, d),
-        "factor_at_80pct": lr_factor(min(total - 1, int(total * 0.8)), total, w, d),
-        "factor_at_90pct": lr_factor(min(total - 1, round(total * 0.9)), total, w, d),
-        "factor_final_update": lr_factor(total - 1, total, w, d),
-    }
+    shape, shape_ok, detail = schedule_shape(cfg)
     r.numbers["schedule"] = shape
-    d0 = decay_begin(total, d)
-    shape_ok = (lr_factor(d0, total, w, d) == 1.0 and lr_factor(total - 1, total, w, d) == 1 / (total - d0)
-                and all(lr_factor(s, total, w, d) > 0 for s in (0, d0 - 1, total - 1)))
-    r.check("schedule: warmup, plateau, linear decay ending one step short of zero", shape_ok,
-            f"plateau {shape['plateau_share']:.1%}, 1.0 at 80 %, {shape['factor_at_90pct']:.2f} at 90 %, "
-            f"{shape['factor_final_update']:.4f} at the final update")
+    r.check(SCHEDULE_CHECK, shape_ok, detail)
 
     opt = adamw(model, small, device)
     scaler = torch.amp.GradScaler(device.type, enabled=small.train.precision == "fp16")
@@ -78,6 +87,10 @@ def stage_construct(ctx: Context) -> StageResult:
 def stage_data(ctx: Context) -> StageResult:
     r = StageResult("data")
     cfg = ctx.scaled
+    source = ensure_data(cfg)  # with data.url: pulled (or reused) and verified, as a training session would
+    r.numbers["source"] = source.to_dict() if source else {"location": cfg.data.dir, "pulled_files": 0}
+    r.check("the data is present on this machine, from where the config says",
+            True, source.line() if source else f"local folder {cfg.data.dir} (no data.url)")
     report = verify_data(str(cfg.data.dir))
     r.numbers["verify"] = {"files_hashed": report.files_hashed, "total_tokens": report.total_tokens,
                            "mismatches": len(report.problems), "problems": report.problems}

@@ -1,5 +1,5 @@
 """Speed settings, resolved once at session start into concrete values in the session's config:
-precision, ``torch.compile`` and the micro-batch. Plus the one function a micro-step runs.
+precision, ``torch.compile``, the fused cross-entropy and the micro-batch. Plus the one function a micro-step runs.
 
 The resolved values replace ``auto`` in the config that every checkpoint and run summary saves, so a run
 records what it actually did. None of them is a frozen key: a run resumed on other hardware may resolve
@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from ..config import Config
 from ..errors import ConfigError
+from . import fused_ce
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +43,16 @@ def resolve(cfg: Config, device: torch.device, world: int) -> dict[str, Any]:
         log.warning("precision bf16 on %s: this GPU has no bf16 tensor cores, so bf16 is emulated and slow "
                     "(use precision fp16, or auto)", torch.cuda.get_device_name(device))
     if t.compile == "auto":
-        # On by default where it pays: on CUDA (measured in benchmarks/gpu_mfu.py) from compute capability
+        # On by default where it pays: on CUDA (measured in benchmarks/gpu_check.py) from compute capability
         # 7.0, the oldest Triton generates kernels for (a P100 cannot compile); on CPU the minutes of code
         # generation buy little for the small models trained there.
         t.compile = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (7, 0)
         notes["compile"] = f"auto -> {t.compile}"
+    # Before the micro-batch: the probe measures the loss the run will use, and the logits dominate memory.
+    fused = fused_ce.decide(t.fused_ce, device.type, fused_ce.installed(), t.parallel)
+    if t.fused_ce == "auto":
+        notes["fused_ce"] = f"auto -> {fused}"
+    t.fused_ce = fused
     if t.micro_batch == "auto":
         per_rank = t.global_batch // world
         if device.type == "cuda":
@@ -109,7 +115,7 @@ def probe_micro_batch(cfg: Config, device: torch.device, per_rank: int) -> tuple
     # AdamW's moments (2 x fp32); with several ranks, DDP's gradient buckets are about one more copy.
     extra = 3 if torch.distributed.is_initialized() else 2
     reserve = torch.empty(extra * n, dtype=torch.float32, device=device)
-    loss_fn = micro_loss_fn(AUTOCAST.get(cfg.train.precision), compiled=False)
+    loss_fn = micro_loss_fn(AUTOCAST.get(cfg.train.precision), compiled=False, fused=bool(cfg.train.fused_ce))
     try:
         chosen, tried = choose_micro_batch(
             micro_batch_candidates(per_rank),
@@ -163,12 +169,17 @@ def _try_micro_batch(model, loss_fn, mb: int, seq_len: int, device, total: int) 
         del x
 
 
-def micro_loss_fn(autocast_dtype: torch.dtype | None, compiled: bool, backend: str = "inductor") -> Callable:
+def micro_loss_fn(autocast_dtype: torch.dtype | None, compiled: bool, backend: str = "inductor",
+                  fused: bool = False) -> Callable:
     """``loss(model, x, y)`` of one micro-batch: forward under autocast, cross-entropy in fp32.
 
     Compiled, the graph spans the model and the loss, so the fp32 upcast of the logits and the
-    cross-entropy fuse instead of materialising a second copy of the logits.
+    cross-entropy fuse instead of materialising a second copy of the logits. ``fused``: the head and the
+    cross-entropy in one chunked kernel instead (baton.runtime.fused_ce), so no logits are materialised at all.
     """
+    if fused:
+        loss = fused_ce.micro_loss_fn(autocast_dtype)
+        return torch.compile(loss, backend=backend) if compiled else loss
 
     def micro_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         ctx = torch.autocast(x.device.type, dtype=autocast_dtype) if autocast_dtype is not None else nullcontext()

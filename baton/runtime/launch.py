@@ -14,14 +14,18 @@ The launcher adds three things to a bare ``torchrun -m baton.cli train``:
 
 from __future__ import annotations
 
+import codecs
 import logging
+import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import IO, Any, TextIO
 
 from ..errors import BatonError
 from .logs import EXIT_RECORD, RECORD_START, TRACEBACK_HEAD
@@ -198,14 +202,26 @@ def failure_report(ranks: list[RankLog], log_dir: Path, nproc: int, rc: int) -> 
 # -------------------------------------------------------------------------------------------- launch
 
 
-def launch(spec: LaunchSpec, train_args: list[str], log_dir: Path, run_name: str = "baton") -> int:
-    """Run torchrun to completion; return 0 when every rank ended cleanly, else a failure status."""
+def launch(spec: LaunchSpec, train_args: list[str], log_dir: Path, run_name: str = "baton",
+           output: TextIO | None = None) -> int:
+    """Run torchrun to completion; return 0 when every rank ended cleanly, else a failure status.
+
+    With ``output``, torchrun's and the ranks' stdout and stderr are copied into it as they come (a
+    notebook cell's stream: the kernel's own file descriptors lead nowhere a user sees); without, the
+    ranks write to this process's terminal directly.
+    """
     spec.check()
     cmd = torchrun_command(spec, train_args, run_name)
     log.info("launching: %s", " ".join(cmd))
     before = log_sizes(log_dir)
     # A session of its own: signals reach torchrun once, from here, not also from the terminal.
-    proc = subprocess.Popen(cmd, start_new_session=True)
+    pipe: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if output is not None else {}
+    proc = subprocess.Popen(cmd, start_new_session=True, **pipe)
+    copier = None
+    if output is not None:
+        copier = threading.Thread(target=_copy_output, args=(proc.stdout, output), name="baton-rank-output",
+                                  daemon=True)
+        copier.start()
     received: list[int] = []
 
     def forward(signum, frame):
@@ -220,6 +236,8 @@ def launch(spec: LaunchSpec, train_args: list[str], log_dir: Path, run_name: str
     old = {s: signal.signal(s, forward) for s in FORWARDED}
     try:
         rc = proc.wait()
+        if copier is not None:
+            copier.join()  # everything the ranks wrote is shown before the outcome
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -232,7 +250,16 @@ def launch(spec: LaunchSpec, train_args: list[str], log_dir: Path, run_name: str
         log.info("baton: stopped on %s: all %d local ranks checkpointed and exited cleanly",
                  signal.Signals(received[0]).name, len(ranks))
         return 0
-    print(failure_report(ranks, log_dir, spec.nproc, rc), file=sys.stderr, flush=True)
+    print(failure_report(ranks, log_dir, spec.nproc, rc), file=sys.stderr if output is None else output, flush=True)
     if statuses and all(s == 2 for s in statuses):
         return 2  # every rank stopped on the same user error (already printed as `baton: error: ...`)
     return rc if rc > 0 else 1
+
+
+def _copy_output(pipe: IO[bytes], output: TextIO) -> None:
+    # Chunks, not lines: a progress bar redraws its line with carriage returns and no newline.
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    while chunk := os.read(pipe.fileno(), 65536):
+        output.write(decoder.decode(chunk))
+        output.flush()
+    pipe.close()

@@ -16,7 +16,6 @@ import torch
 
 from ..checkpoint import state as ckstate
 from ..checkpoint.cycle import PushResult, push_checkpoint
-from ..checkpoint.drift import state_data
 from ..checkpoint.pusher import Pusher, PushFailed
 from ..data.reader import Cursor
 from ..errors import BatonError, StoreError
@@ -25,6 +24,7 @@ from ..model.optimizer import adamw
 from ..runtime import dist
 from ..versions import versions
 from .clock import TimeBudget
+from .drift import state_data
 from .parts import Parts
 from .state import TrainState
 
@@ -137,7 +137,24 @@ class Checkpointer:
                            "seconds": round(result.seconds, 3), "path": result.path})
         log.info("CKPT step %d samples=%d push+verify=%.1fs verified=%s", step, samples, result.seconds,
                  result.verified)
+        self._publish_revision(step)
         return result
+
+    def _publish_revision(self, step: int) -> None:
+        """publish.every: a verified intermediate checkpoint as revision step-N of the published model. It runs
+        here, on rank 0, before training goes on; a failure warns and never stops training (the horizon's
+        publish, in session.finish, is the one that must succeed)."""
+        from ..release.publish import publish, revision_for
+
+        cfg = self.parts.cfg
+        revision = revision_for(cfg, step, self.parts.total_steps)
+        if not revision:
+            return
+        try:
+            publish(cfg, step, revision)
+        except (BatonError, OSError) as e:
+            log.warning("could not publish step %d as revision %s of %s (%s); `baton publish --step %d --revision %s` "
+                        "retries it", step, revision, cfg.publish.url, e, step, revision)
 
     def close(self) -> None:
         if self.parts.dist.is_main:
@@ -168,12 +185,15 @@ class Checkpointer:
             "step": step,
             "total_steps": p.total_steps,
             "cursor": cursor.to_dict(),
-            "scheduler": {"kind": "warmup-plateau-linear", "step": step, "total_steps": p.total_steps,
-                          "warmup_steps": cfg.optim.warmup_steps, "decay_start": cfg.optim.decay_start},
+            "scheduler": {"kind": cfg.optim.schedule, "step": step, "total_steps": p.total_steps,
+                          "warmup_steps": cfg.optim.warmup_steps, "decay_start": cfg.optim.decay_start,
+                          "decay_shape": cfg.optim.decay_shape, "min_lr_ratio": cfg.optim.min_lr_ratio},
             "scaler": p.scaler.state_dict() if p.scaler.is_enabled() else None,
             "rng": {"world_size": p.world, "ranks": rngs},
             "stats": {"nonfinite_skips": stats.nonfinite_skips,
-                      "consecutive_nonfinite": stats.consecutive_nonfinite, "last_loss": stats.last_loss},
+                      "consecutive_nonfinite": stats.consecutive_nonfinite, "last_loss": stats.last_loss,
+                      # the spike detector's window and the rollbacks so far: a resume judges losses as before
+                      "spike_window": self.state.spikes.state(), "rollbacks": stats.rollbacks},
             "config": cfg.to_dict(),
             "versions": versions(),
             "params": p.n_params,

@@ -15,6 +15,10 @@ import time
 from collections import deque
 from typing import Any
 
+from ..config import Config
+from ..errors import BatonError
+from ..planning.plan import HOUR, parse_hours, parse_instant
+
 log = logging.getLogger(__name__)
 
 RECENT_STEPS = 10
@@ -86,6 +90,22 @@ def process_start_time() -> float:
         return min(time.time(), btime + ticks / os.sysconf("SC_CLK_TCK"))  # btime is whole seconds: errs early
     except (OSError, ValueError, IndexError, StopIteration):
         return time.time()
+
+
+def session_clock(cfg: Config, session_start: float | None, session_hours: float | str | None,
+                  deadline: str | None) -> tuple[float, float | None]:
+    """(start, deadline) of a `baton train`, in epoch seconds. The budget counts from ``session_start``, else
+    from this process's start (the platform's clock); the earlier of the two limits wins."""
+    started = session_start if session_start is not None else process_start_time()
+    hours = parse_hours(session_hours, "--session-hours") if session_hours else cfg.budget.session_hours
+    deadlines = []
+    if hours:
+        if hours <= 0:
+            raise BatonError(f"--session-hours must be > 0, got {session_hours}")
+        deadlines.append(started + hours * HOUR)
+    if deadline:
+        deadlines.append(parse_instant(deadline, "--deadline").timestamp())
+    return started, (min(deadlines) if deadlines else None)
 
 
 # A repeat of the stop signal this soon after the first is the same request delivered twice (to the process

@@ -10,7 +10,6 @@ counters), ``checkpointer`` (the push in flight and the lineage), ``budget`` (th
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -26,7 +25,6 @@ import torch
 from ..config import Config
 from ..data.reader import micro_batches
 from ..errors import BatonError
-from ..model.optimizer import adamw
 from ..planning.ledger import checkpoint_seconds, read_ledger
 from ..runtime import dist
 from ..runtime.memory import rss_peak
@@ -34,6 +32,7 @@ from . import parts as session_parts
 from . import resume as resuming
 from .checkpointer import Checkpointer
 from .clock import StopSignals, TimeBudget, guess_checkpoint_seconds
+from .spikes import detector
 from .state import TrainState
 
 log = logging.getLogger(__name__)
@@ -60,20 +59,20 @@ class Session:
         self._ledger_open = True
         p = session_parts.build(cfg, stop_after, self.t_start, deadline)
         self.parts = p
+        self.allow_change = frozenset(allow_change)  # keys a resume may change on purpose (session.drift)
         try:
-            # allow_change: keys a resume may change on purpose (checkpoint.drift)
-            resumed = resuming.resume(p, resume, frozenset(allow_change))
+            resumed = resuming.resume(p, resume, self.allow_change)
         except BaseException as e:
             self.end_ledger(f"failed: {type(e).__name__}: {e}")
             raise
-        self.state = TrainState(step=resumed.step, stats=resumed.stats, resumed_from=resumed.from_step)
+        self.state = TrainState(step=resumed.step, stats=resumed.stats, resumed_from=resumed.from_step,
+                                spikes=detector(cfg.train, resumed.stats.spike_window))
         self.complete_pointer = resumed.complete  # the run is already complete: nothing to train
         self.budget = self._time_budget()
         if p.ledger is not None:
             p.ledger.resumed(self.state.step)
         # Wrapped after resuming: the checkpoint is the full state, loaded into the plain model first.
-        model, optimizer = p.parallel.wrap(p.model, p.optimizer, lambda m: adamw(m, cfg, p.device))
-        self.parts = p = dataclasses.replace(p, model=model, optimizer=optimizer)
+        self.parts = p = p.wrapped()
         self.metrics_path = p.run_dir / "metrics.jsonl"
         self.checkpointer = Checkpointer(p, self.state, self.budget, resumed.parent, self.metrics_path)
         self._batch_rows = torch.zeros(cfg.train.global_batch, dtype=torch.float64)

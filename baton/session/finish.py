@@ -15,6 +15,7 @@ from ..checkpoint.cycle import make_pointer, push_folder, write_pointer
 from ..checkpoint.pull import read_pointer
 from ..data.prepare import TOKENIZER_FILE
 from ..errors import BatonError, StoreError
+from ..evaluate.heldout import window_losses
 from ..runtime import dist
 from ..runtime.memory import rss_peak
 from ..versions import versions
@@ -43,10 +44,7 @@ def evaluate(s: Session) -> dict[str, float]:
     for b in range(n_fwd):
         chunk = ids[b * mb : (b + 1) * mb]
         x, y = p.data.windows(chunk if len(chunk) else all_ids[:1])
-        x, y = x.to(p.device), y.to(p.device)
-        with s.autocast():
-            logits = model(input_ids=x).logits
-        losses = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), y, reduction="none").mean(1)
+        losses = window_losses(model, x.to(p.device), y.to(p.device), s.autocast)
         if len(chunk):
             loss_sum += float(losses.double().sum())
             count += len(chunk)
@@ -72,10 +70,18 @@ def finish(s: Session) -> None:
         try:
             _publish_final(s, plain[0])
         except (BatonError, OSError) as e:
-            err = f"{type(e).__name__}: {e}"
+            err = f"the final model could not be published to {p.store.describe()}: {type(e).__name__}: {e}"
+        if err is None and p.cfg.publish.url:
+            from ..release.publish import publish_trained
+
+            try:
+                publish_trained(p.cfg, plain[0], st.step, p.run_dir / "final", s.metrics_path)
+            except (BatonError, OSError) as e:
+                err = (f"the run is complete, but publishing it to {p.cfg.publish.url} failed ({e}); run "
+                       "`baton publish -c CONFIG` to finish publishing")
     err = dist.broadcast(err)
     if err:
-        raise StoreError(f"the final model could not be published to {p.store.describe()}: {err}")
+        raise StoreError(err)
 
 def _publish_final(s: Session, model: torch.nn.Module) -> None:
     p, st = s.parts, s.state
@@ -117,6 +123,8 @@ def summary(s: Session, tokens_per_s: float) -> dict[str, Any]:
         **p.flops.summary(tokens_per_s),
         "precision": p.cfg.train.precision,
         "compile": p.cfg.train.compile,
+        "fused_ce": p.cfg.train.fused_ce,
+        "deterministic": p.cfg.train.deterministic,
         "micro_batch": p.cfg.train.micro_batch,
         "accumulation": p.accum,
         "auto_settings": p.perf_notes,
@@ -124,6 +132,8 @@ def summary(s: Session, tokens_per_s: float) -> dict[str, Any]:
         "peak_memory_train_bytes": peak_train,
         "peak_memory_eval_bytes": peak_eval,
         "nonfinite_skips": st.stats.nonfinite_skips,
+        "rollbacks": st.stats.rollbacks,
+        "skipped_ranges": [list(r) for r in p.data.skipped],
         "checkpoints": s.checkpointer.saved,
         "resumed_from_step": st.resumed_from,
         "stopped_by": st.stopped_by,

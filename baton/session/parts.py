@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,18 +11,19 @@ from typing import Any
 
 import torch
 
-from ..checkpoint.drift import tokenizer_sha256
 from ..config import Config
+from ..data.pull import DataSource, ensure_data
 from ..data.reader import WindowDataset
-from ..errors import ConfigError
+from ..errors import BatonError, ConfigError, DataError
 from ..model.llama import build_model, count_parameters, param_count
 from ..model.optimizer import adamw, check_precision
 from ..planning.ledger import SessionLedger
-from ..runtime import autotune, dist, logs, memory
+from ..runtime import attention, autotune, determinism, dist, logs, memory
 from ..runtime.device import pick_device
 from ..runtime.flops import FlopsInfo, session_flops
 from ..runtime.parallel import Parallel
 from ..store import RetryPolicy, Store, open_store
+from .drift import tokenizer_sha256
 
 log = logging.getLogger(__name__)
 
@@ -61,15 +63,24 @@ class Parts:
     def world(self) -> int:
         return self.dist.world
 
+    def wrapped(self) -> Parts:
+        """These parts with the model and optimizer wrapped for the layout (DDP, FSDP), once a checkpoint is
+        loaded into the plain ones."""
+        model, optimizer = self.parallel.wrap(self.model, self.optimizer, lambda m: adamw(m, self.cfg, self.device))
+        return dataclasses.replace(self, model=model, optimizer=optimizer)
+
 
 def build(cfg: Config, stop_after: int | None, started: float, deadline: float | None) -> Parts:
     """Everything the loop calls, checked before anything long starts (memory, divisibility, vocabulary)."""
+    if cfg.train.deterministic:
+        determinism.enable()  # before anything touches the GPU
     device = pick_device(cfg.train.device)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     info = dist.init(device.type, cfg.train.dist_timeout)
     if device.type == "cuda":
         device = torch.device("cuda", info.local_rank)
+    attention.check(cfg.model.attn, device)  # one line now, not a kernel error after set-up
     logs.setup(info.rank, cfg.run_dir / "logs")
     total_steps = cfg.total_steps
     world = info.world
@@ -84,7 +95,9 @@ def build(cfg: Config, stop_after: int | None, started: float, deadline: float |
             f"{micro_batch} x {world} ranks (change micro_batch or the number of ranks)"
         )
     store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
-    ledger = _open_ledger(cfg, store, info, device, started, deadline)
+    # The dataset before anything is written to the store: a session that cannot have its data ends here.
+    source = _ensure_data(cfg, info)
+    ledger = _open_ledger(cfg, store, info, device, started, deadline, source)
     data = WindowDataset(cfg.data.dir, cfg.data.seq_len, cfg.data.shuffle_seed, cfg.data.val_windows)
     # Checked now, not when the final export needs it hours later.
     tok_sha256 = tokenizer_sha256(cfg.data.dir, data.manifest)
@@ -104,7 +117,8 @@ def build(cfg: Config, stop_after: int | None, started: float, deadline: float |
         cfg=cfg, device=device, dist=info, store=store, ledger=ledger, data=data, tokenizer_sha256=tok_sha256,
         model=model, optimizer=adamw(model, cfg, device), scaler=scaler,
         parallel=Parallel(cfg.train.parallel, info.rank, world, device),
-        micro_loss=autotune.micro_loss_fn(autocast_dtype, compiled=bool(cfg.train.compile)),
+        micro_loss=autotune.micro_loss_fn(autocast_dtype, compiled=bool(cfg.train.compile),
+                                          fused=bool(cfg.train.fused_ce)),
         autocast_dtype=autocast_dtype,
         flops=session_flops(cfg.model, cfg.data.seq_len, device, cfg.train.precision, world),
         n_params=n_params, perf_notes=perf_notes, total_steps=total_steps,
@@ -113,11 +127,28 @@ def build(cfg: Config, stop_after: int | None, started: float, deadline: float |
     )
 
 
+def _ensure_data(cfg: Config, info: dist.DistInfo) -> DataSource | None:
+    """data.url pulled into data.dir by one process per node while the others wait; every rank gets the error."""
+    if not cfg.data.url:
+        return None
+    source, err = None, None
+    if info.local_rank == 0:
+        try:
+            source = ensure_data(cfg)
+        except BatonError as e:
+            err = str(e)
+    errs = [e for e in dist.gather(err) if e]
+    if errs:
+        raise DataError(errs[0])
+    return source
+
+
 def _open_ledger(cfg: Config, store: Store, info: dist.DistInfo, device: torch.device, started: float,
-                 deadline: float | None) -> SessionLedger | None:
+                 deadline: float | None, source: DataSource | None) -> SessionLedger | None:
     if not info.is_main:
         return None
     b = cfg.budget
     return SessionLedger(store, cfg.run.name, started, device=str(device), accelerators=info.world,
                          bill_factor=b.bill_factor or float(info.world), tokens_per_step=cfg.tokens_per_step,
-                         deadline=deadline, heartbeat_every_s=b.heartbeat_minutes * 60)
+                         deadline=deadline, heartbeat_every_s=b.heartbeat_minutes * 60,
+                         data=source.to_dict() if source else None)

@@ -19,12 +19,12 @@ import torch
 
 from ..checkpoint import state as ckstate
 from ..checkpoint.cycle import POINTER, push_checkpoint
-from ..checkpoint.drift import Difference, check_resume
 from ..checkpoint.pull import pull_checkpoint, read_pointer
 from ..data.reader import Cursor
 from ..errors import BatonError, ResumeError
 from ..planning.ledger import ledger_key
 from ..runtime import dist
+from .drift import Difference, check_resume
 from .parts import Parts
 from .state import Stats
 
@@ -100,8 +100,12 @@ def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
     allowed = _check_drift(s, st, allow_change)
     ckstate.load_checkpoint(folder, s.model, s.optimizer)
     cursor = Cursor.from_dict(st["cursor"])
-    if not allowed:  # a change allowed on purpose (--allow-change) may change what the cursor was made for
+    if not any(d.key.startswith("data.") for d in allowed):  # else: the data changed on purpose (--allow-change)
         s.data.check_cursor(cursor)
+    elif cursor.skipped:
+        log.warning("the checkpoint skips stream ranges %s of its data's order; with the data or its order changed "
+                    "they now skip other windows", list(cursor.skipped))
+    s.data.set_skipped(cursor.skipped)  # the ranges earlier rollbacks skipped stay skipped
     if cursor.samples_consumed != st["step"] * cfg.train.global_batch:
         raise ResumeError(f"cursor has {cursor.samples_consumed} samples at step {st['step']}, expected "
                           f"{st['step'] * cfg.train.global_batch}")
@@ -120,7 +124,8 @@ def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
         s.run_dir.mkdir(parents=True, exist_ok=True)
         # Lines past the checkpoint belong to work that was lost with the previous session.
         (s.run_dir / "metrics.jsonl").write_bytes((folder / ckstate.METRICS_FILE).read_bytes())
-    log.info("resumed at step %d (samples consumed %d)", step, cursor.samples_consumed)
+    log.info("resumed at step %d (samples consumed %d%s)", step, cursor.samples_consumed,
+             f"; skipping stream ranges {list(cursor.skipped)}" if cursor.skipped else "")
     return Resumed(step=step, from_step=step, stats=Stats.from_checkpoint(st.get("stats", {})), parent=parent)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .spikes import SpikeDetector
+
 
 @dataclass
 class Stats:
@@ -14,6 +16,8 @@ class Stats:
     consecutive_nonfinite: int = 0
     last_loss: float | None = None
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    spike_window: list[float] = field(default_factory=list)  # the spike detector's recent losses
+    rollbacks: list[dict[str, Any]] = field(default_factory=list)  # one record per spike rollback (session.rollback)
 
     @classmethod
     def from_checkpoint(cls, saved: dict[str, Any]) -> Stats:
@@ -29,3 +33,4 @@ class TrainState:
     peak_train: int = 0  # this rank's memory high-water marks, bytes
     peak_eval: int = 0
     val: dict[str, float] | None = None  # the final evaluation, at the horizon
+    spikes: SpikeDetector = field(default_factory=SpikeDetector)  # judges each step's loss (train.spike_*)

@@ -57,13 +57,20 @@ class HubStore:
         if parts.username or parts.password or "@" in parts.netloc:
             raise ConfigError("store.url must not carry a token; set HF_TOKEN or run `hf auth login`")
         repo_id = (parts.netloc + parts.path).strip("/")
-        if repo_id.count("/") != 1 or not all(repo_id.split("/")):
-            raise ConfigError(f"store.url {url!r} must name a repository as hf://owner/repo")
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        # hf://datasets/owner/name names a dataset repository, as huggingface_hub's own hf:// paths do.
+        typed = repo_id.startswith("datasets/") and repo_id.count("/") == 2
+        if typed:
+            repo_id = repo_id.removeprefix("datasets/")
+        if repo_id.count("/") != 1 or not all(repo_id.split("/")):
+            raise ConfigError(f"store.url {url!r} must name a repository as hf://owner/repo or "
+                              "hf://datasets/owner/name")
         unknown = sorted(set(query) - {"revision", "type"})
         if unknown:
             raise ConfigError(f"store.url has unknown option(s) {', '.join(unknown)} (known: revision, type)")
-        repo_type = query.get("type", "model")
+        if typed and query.get("type", "dataset") != "dataset":
+            raise ConfigError(f"store.url {url!r} names a dataset repository but says type={query['type']}")
+        repo_type = query.get("type", "dataset" if typed else "model")
         if repo_type not in ("model", "dataset"):
             raise ConfigError(f"store.url type={repo_type!r}: use model or dataset")
         return cls(repo_id, repo_type, query.get("revision", "main"), endpoint or os.environ.get("HF_ENDPOINT"), token,
@@ -71,7 +78,7 @@ class HubStore:
 
     # ---------------------------------------------------------------------------------- helpers
     def describe(self) -> str:
-        where = f"hf://{self.repo_id}" + (f" ({self.repo_type})" if self.repo_type != "model" else "")
+        where = f"hf://{'datasets/' if self.repo_type == 'dataset' else ''}{self.repo_id}"
         return f"Hub store {where}@{self.revision}" + (
             f" (endpoint {self.endpoint})" if self.endpoint != "https://huggingface.co" else "")
 

@@ -128,7 +128,8 @@ class LocalStore:
         def scan() -> list[tuple[str, Path, int]]:
             self._check_root()
             base = self.root / prefix if prefix else self.root
-            start = base if base.is_dir() else base.parent
+            # A prefix may end inside a name ("ckpt/step-1" lists "ckpt/step-10/..."); the root is its own folder.
+            start = base if base.is_dir() or not prefix else base.parent
             if not start.is_dir():
                 return []
             found = []

@@ -30,7 +30,7 @@ def test_one_rank_failing_stops_every_rank_and_the_launcher_prints_its_traceback
     log1 = run.log(1)
     assert "Traceback (most recent call last):" in log1
     assert "injected failure on rank 1 at step 3" in log1
-    assert 'baton/train.py", line' in log1  # the frames, not only the last line
+    assert 'baton/loop.py", line' in log1  # the frames, not only the last line
     # ... and in the launcher's report, which names rank 1 as the first to fail.
     report = run.proc.stderr[run.proc.stderr.index("baton: the distributed run failed"):]
     section1 = report[report.index("--- rank 1:"):]
@@ -106,14 +106,16 @@ def test_launcher_flags_are_checked_and_train_flags_are_passed_on(make_config, b
     assert p.returncode == 2 and "not divisible by micro_batch 4 x 3 ranks" in p.stderr
     assert "launching" not in p.stderr
 
-    from baton.cli import _rank_argv, build_parser
+    from baton.api import rank_args
+    from baton.config import load_config
 
-    args = build_parser().parse_args(["train", "-c", "x.toml", "--nproc", "2", "--set", "a.b=1", "--set", "c.d=2",
-                                      "--stop-after-steps", "5", "--nnodes", "1", "--no-progress"])
-    argv = _rank_argv(args)
-    assert argv[:2] == ["--config", "x.toml"]
-    assert "--nproc" not in argv and "--nnodes" not in argv
-    assert " ".join(argv).count("--set") == 2 and "--stop-after-steps 5" in " ".join(argv)
+    loaded = load_config(cfg, ["optim.lr=1e-3", "train.steps=12"])
+    argv = rank_args(loaded, "auto", 5, 1.0e9, None, ("model.rope_theta",), False)
+    # The ranks read the resolved config (overrides applied) from the launcher's file, and the train flags.
+    assert argv[:2] == ["--config", str(loaded.run_dir / "launch" / "config.json")]
+    assert load_config(argv[1]).to_dict() == loaded.to_dict()
+    assert "--nproc" not in argv and "--nnodes" not in argv and "--set" not in argv
+    assert "--stop-after-steps 5" in " ".join(argv) and "--allow-change model.rope_theta" in " ".join(argv)
     assert "--no-progress" in argv
 
 

@@ -80,6 +80,10 @@ def test_a_tampered_shard_fails_exactly_the_data_row(preflight, prepared_data, t
     failed = [r["requirement"] for r in doc["scorecard"] if r["result"] == "fail"]
     assert failed == ["Data bytes match the manifest"]
     assert victim.name in report  # the error names the shard
+    # The construct stage measures the configured schedule and the report draws it.
+    shape = doc["stages"]["construct"]["numbers"]["schedule"]
+    assert (shape["schedule"], shape["step_decay_start"], shape["factor_decay_start"]) == ("wsd", 16, 1.0)
+    assert "learning rate: wsd, linear cooldown, warmup 4, decay from step 16" in report
 
 
 def test_a_resume_that_would_change_the_data_order_fails_the_resume_rows(preflight):

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from baton.checkpoint.drift import ALLOWABLE, validate_allowed
 from baton.errors import BatonError
+from baton.session.drift import ALLOWABLE, validate_allowed
 
 
 def _error_lines(stderr: str) -> list[str]:
@@ -71,13 +71,14 @@ def test_every_difference_in_one_message(resumable, zygote, make_config, tmp_pat
 
 def test_legitimate_changes_pass_and_are_logged(resumable):
     train, store = resumable
+    # A new horizon moves the schedule's decay: on purpose only (--allow-change), and only on the plateau.
     r = train("--set", "train.steps=24", "--set", "optim.lr=1e-3", "--set", "train.micro_batch=2",
-              "--stop-after-steps", "6")
+              "--allow-change", "train.steps", "--stop-after-steps", "6")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed at step 4" in r.stderr
+    assert "resuming with changes allowed by --allow-change: train.steps: checkpoint 20, now 24" in r.stderr
     log = next(line for line in r.stderr.splitlines() if line.startswith("resuming with changed settings"))
-    for part in ("train.steps: checkpoint 20, now 24", "optim.lr: checkpoint 0.003, now 0.001",
-                 "train.micro_batch: checkpoint 4, now 2"):
+    for part in ("optim.lr: checkpoint 0.003, now 0.001", "train.micro_batch: checkpoint 4, now 2"):
         assert part in log
     assert _pointer(store)["step"] == 6
 

@@ -87,7 +87,8 @@ def test_auto_settings_resolve_on_cpu(tmp_path):
     # 12 samples per rank: candidates 1, 2, 4, 12; without GPU memory to probe, the largest up to 4.
     assert (cfg.train.micro_batch, cfg.train.compile, cfg.train.precision) == (4, False, "fp32")
     assert "accumulation 3" in notes["micro_batch"]
-    cfg = load_config(None, ["train.compile=true", "train.micro_batch=8", "train.global_batch=8"])
+    cfg = load_config(None, ["train.compile=true", "train.micro_batch=8", "train.global_batch=8",
+                             "train.fused_ce=false"])
     assert resolve(cfg, torch.device("cpu"), world=1) == {}
     assert (cfg.train.micro_batch, cfg.train.compile) == (8, True)
 

@@ -21,7 +21,7 @@ def _budget_s() -> float:
     """A session budget that leaves steps to train after the start-up, however loaded the machine is now:
     the clock starts with the process, so importing the training stack is spent from the budget."""
     t0 = time.monotonic()
-    subprocess.run([sys.executable, "-c", "import baton.session.core, baton.train"], cwd=ROOT, check=True)
+    subprocess.run([sys.executable, "-c", "import baton.session.core, baton.loop"], cwd=ROOT, check=True)
     return max(BUDGET_S, 8 * (time.monotonic() - t0))
 
 
@@ -149,18 +149,21 @@ def test_budget_arithmetic():
 
 
 def test_launch_passes_the_launchers_clock_to_every_rank(make_config):
-    from baton.cli import _rank_argv, build_parser
-    from baton.cli.plan import train_clock
+    from baton.api import rank_args
+    from baton.cli import build_parser
     from baton.config import load_config
+    from baton.session.clock import session_clock
 
-    cfg = str(make_config())
-    args = build_parser().parse_args(["train", "-c", cfg, "--nproc", "2", "--session-hours", "90m"])
+    cfg = load_config(make_config())
     t0 = time.time()
-    started, deadline = train_clock(args, load_config(cfg))
+    started, deadline = session_clock(cfg, None, "90m", None)
     assert started <= t0 and deadline == started + 5400
-    argv = _rank_argv(args)
+    argv = rank_args(cfg, "auto", None, started, deadline, (), True)
     assert "--session-hours" not in argv and "--nproc" not in argv
     assert float(argv[argv.index("--session-start") + 1]) == started
     # A rank parses the same instants back: its clock is the launcher's, not its own later start.
-    rank_args = build_parser().parse_args(["train", *argv])
-    assert train_clock(rank_args, load_config(cfg)) == (started, pytest.approx(deadline, abs=1e-5))
+    a = build_parser().parse_args(["train", *argv])
+    rank_cfg = load_config(a.config, a.overrides)
+    assert rank_cfg.to_dict() == cfg.to_dict()
+    assert session_clock(rank_cfg, a.session_start, a.session_hours, a.deadline) == (
+        started, pytest.approx(deadline, abs=1e-5))

@@ -10,6 +10,15 @@ Endpoints, as the Hub serves them:
 - ``GET  /api/models/{repo}/tree/{rev}[/{path}]``    listing with size, git oid and ``lfs.oid`` (the sha256)
 - ``GET|HEAD /{repo}/resolve/{rev}/{path}``         download; LFS files redirect to ``/lfs-blob/{oid}`` like
                                                      the Hub's CDN; ``Range: bytes=a-b`` answers 206
+Dataset repositories (``create_repo("datasets/owner/name")``) answer the same under ``/api/datasets/`` and
+``/datasets/``.
+- ``POST /api/models/{repo}/branch/{branch}``        a branch starting from ``startingPoint`` (default main);
+                                                     409 when it exists. Every ``{rev}`` above may name one,
+                                                     or a commit (its files as that commit left them)
+- ``POST /api/validate-yaml``                        the check the client asks for before committing a README.md:
+                                                     its YAML front matter must parse to a mapping
+- ``GET  /api/models/{repo}/revision/{rev}``         repository info: the revision's head commit and files
+                                                     (what ``snapshot_download`` asks first)
 The Xet protocol is not served: the client is run with ``HF_HUB_DISABLE_XET=1``.
 
 Auth is a bearer token; a wrong one gets the Hub's 401 "Invalid credentials". Test hooks (``corrupt``,
@@ -62,9 +71,12 @@ class HubServer(LocalHTTPServer):
         super().__init__()
         self.root = root
         self.token = token or "hf_test_" + uuid.uuid4().hex
-        self.repos: dict[str, dict[str, Entry]] = {}
+        self.repos: dict[str, dict[str, Entry]] = {}  # the main branch of each repository
+        self.branches: dict[tuple[str, str], dict[str, Entry]] = {}  # (repo, branch) -> files, other branches
         self.blobs: dict[str, bytes] = {}
         self.commits: dict[str, int] = {}
+        self.heads: dict[tuple[str, str], str] = {}  # (repo, branch) -> its newest commit
+        self.snapshots: dict[str, dict[str, Entry]] = {}  # commit -> the files as it left them
         self.lock = threading.Lock()
 
     # ------------------------------------------------------------------------------------ hooks
@@ -73,8 +85,11 @@ class HubServer(LocalHTTPServer):
             self.repos.setdefault(repo, {})
             self.commits.setdefault(repo, 0)
 
-    def read(self, repo: str, path: str) -> bytes:
-        e = self.repos[repo][path]
+    def files(self, repo: str, rev: str = "main") -> dict[str, Entry]:
+        return self.repos[repo] if rev == "main" else self.branches[(repo, rev)]
+
+    def read(self, repo: str, path: str, rev: str = "main") -> bytes:
+        e = self.files(repo, rev)[path]
         return e.data if e.lfs_oid is None else self.blobs[e.blob]
 
     def corrupt(self, repo: str, path: str, offset: int, rehash: bool = True) -> None:
@@ -113,6 +128,9 @@ class HubServer(LocalHTTPServer):
                 ("PUT", r"/lfs-upload/([0-9a-f]{64})", self._lfs_upload),
                 ("POST", r"/lfs-verify", self._lfs_verify),
                 ("POST", r"/api/models/([^/]+/[^/]+)/commit/([^/]+)", self._commit),
+                ("POST", r"/api/models/([^/]+/[^/]+)/branch/([^/]+)", self._branch),
+                ("GET", r"/api/models/([^/]+/[^/]+)/revision/([^/]+)", self._info),
+                ("POST", r"/api/validate-yaml", self._validate_yaml),
                 ("GET", r"/api/models/([^/]+/[^/]+)/tree/([^/]+)(/.*)?", self._tree),
                 ("GET", r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", self._resolve),
                 ("HEAD", r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", self._resolve),
@@ -120,9 +138,15 @@ class HubServer(LocalHTTPServer):
                 ("HEAD", r"/lfs-blob/([0-9a-f]{64}(?:-damaged-[0-9a-f]{8})?)", self._blob),
             ]
             for method, pattern, fn in routes:
-                m = re.fullmatch(pattern, path)
-                if m and h.command == method:
-                    return fn(h, query, body, *[unquote(g) if g else g for g in m.groups()])
+                # A dataset repository has the same endpoints under /api/datasets/ and /datasets/; it is held
+                # here under the name "datasets/owner/name".
+                for kind, pat in (("", pattern), ("datasets/", _dataset_route(pattern))):
+                    m = re.fullmatch(pat, path) if pat else None
+                    if m and h.command == method:
+                        groups = [unquote(g) if g else g for g in m.groups()]
+                        if kind and groups:
+                            groups[0] = kind + groups[0]
+                        return fn(h, query, body, *groups)
             self._send(h, 404, {"error": f"no route {h.command} {path}"})
         except BrokenPipeError:
             pass
@@ -142,12 +166,54 @@ class HubServer(LocalHTTPServer):
         if h.command != "HEAD":
             h.wfile.write(data)
 
-    def _repo(self, h, repo: str) -> dict[str, Entry] | None:
+    def _repo(self, h, repo: str, rev: str = "main") -> dict[str, Entry] | None:
         if repo not in self.repos:
             self._send(h, 404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound",
                                                                    "X-Error-Message": "Repository not found"})
             return None
-        return self.repos[repo]
+        if rev in self.snapshots:
+            return dict(self.snapshots[rev])
+        if rev != "main" and (repo, rev) not in self.branches:
+            self._send(h, 404, {"error": f"Invalid rev id: {rev}"}, {"X-Error-Code": "RevisionNotFound",
+                                                                    "X-Error-Message": f"Invalid rev id: {rev}"})
+            return None
+        return self.files(repo, rev)
+
+    def _branch(self, h, query, body, repo, branch) -> None:
+        start = (json.loads(body or b"{}") or {}).get("startingPoint") or "main"
+        files = self._repo(h, repo, start)
+        if files is None:
+            return
+        with self.lock:
+            if branch == "main" or (repo, branch) in self.branches:
+                return self._send(h, 409, {"error": f"Reference already exists: refs/heads/{branch}"})
+            self.branches[(repo, branch)] = dict(files)
+            if (repo, start) in self.heads:
+                self.heads[(repo, branch)] = self.heads[(repo, start)]
+        self._send(h, 200, {})
+
+    def _validate_yaml(self, h, query, body) -> None:
+        import yaml
+
+        text = json.loads(body)["content"]
+        m = re.match(r"---\n(.*?)\n---\n", text, re.DOTALL)
+        try:
+            meta = yaml.safe_load(m.group(1)) if m else {}
+        except yaml.YAMLError as e:
+            return self._send(h, 400, {"errors": [{"message": f"invalid YAML: {e}"}], "warnings": []})
+        if not isinstance(meta, dict):
+            return self._send(h, 400, {"errors": [{"message": "the metadata is not a mapping"}], "warnings": []})
+        self._send(h, 200, {"errors": [], "warnings": []})
+
+    def _head(self, repo: str, rev: str) -> str:
+        return rev if rev in self.snapshots else self.heads.get((repo, rev), "0" * 40)
+
+    def _info(self, h, query, body, repo, rev) -> None:
+        files = self._repo(h, repo, rev)
+        if files is None:
+            return
+        self._send(h, 200, {"id": repo, "modelId": repo, "sha": self._head(repo, rev), "private": False,
+                            "siblings": [{"rfilename": p} for p in sorted(files)]})
 
     def _preupload(self, h, query, body, repo, rev) -> None:
         if self._repo(h, repo) is None:
@@ -190,7 +256,7 @@ class HubServer(LocalHTTPServer):
         self._send(h, 200, {})
 
     def _commit(self, h, query, body, repo, rev) -> None:
-        files = self._repo(h, repo)
+        files = self._repo(h, repo, rev)
         if files is None:
             return
         ops = [json.loads(line) for line in body.splitlines() if line.strip()]
@@ -220,12 +286,14 @@ class HubServer(LocalHTTPServer):
             files.update(staged)
             self.commits[repo] += 1
             oid = hashlib.sha1(f"{repo}:{self.commits[repo]}".encode()).hexdigest()
+            self.snapshots[oid] = dict(staged)
+            self.heads[(repo, rev)] = oid
         base = f"http://{h.headers['Host']}"
         self._send(h, 200, {"success": True, "commitOid": oid, "commitUrl": f"{base}/{repo}/commit/{oid}",
                             "hookOutput": ""})
 
     def _tree(self, h, query, body, repo, rev, sub) -> None:
-        files = self._repo(h, repo)
+        files = self._repo(h, repo, rev)
         if files is None:
             return
         sub = (sub or "").strip("/")
@@ -253,7 +321,7 @@ class HubServer(LocalHTTPServer):
         self._send(h, 200, out)
 
     def _resolve(self, h, query, body, repo, rev, path) -> None:
-        files = self._repo(h, repo)
+        files = self._repo(h, repo, rev)
         if files is None:
             return
         e = files.get(path)
@@ -262,19 +330,23 @@ class HubServer(LocalHTTPServer):
         if e.lfs_oid is not None:
             base = f"http://{h.headers['Host']}"
             h.send_response(302)
-            h.send_header("Location", f"{base}/lfs-blob/{e.blob}")
-            h.send_header("X-Repo-Commit", "0" * 40)
+            # The commit rides along so the blob's answer can name it too: the client follows a redirect to the
+            # same host and reads the file's commit from the final answer.
+            h.send_header("Location", f"{base}/lfs-blob/{e.blob}?commit={self._head(repo, rev)}")
+            h.send_header("X-Repo-Commit", self._head(repo, rev))
             h.send_header("ETag", f'"{e.lfs_oid}"')
+            h.send_header("X-Linked-Etag", f'"{e.lfs_oid}"')
+            h.send_header("X-Linked-Size", str(e.size))
             h.send_header("Content-Length", "0")
             h.end_headers()
             return
-        self._ranged(h, e.data or b"", {"ETag": f'"{e.oid}"', "X-Repo-Commit": "0" * 40})
+        self._ranged(h, e.data or b"", {"ETag": f'"{e.oid}"', "X-Repo-Commit": self._head(repo, rev)})
 
     def _blob(self, h, query, body, oid) -> None:
         blob = self.blobs.get(oid)
         if blob is None:
             return self._send(h, 404, {"error": "no such object"})
-        self._ranged(h, blob, {"ETag": f'"{oid}"'})
+        self._ranged(h, blob, {"ETag": f'"{oid}"', **({"X-Repo-Commit": query["commit"]} if "commit" in query else {})})
 
     def _ranged(self, h, data: bytes, headers: dict) -> None:
         rng = h.headers.get("Range")
@@ -288,6 +360,15 @@ class HubServer(LocalHTTPServer):
         if a >= len(data) or a > b:
             return self._send(h, 416, {"error": "range not satisfiable"}, {"Content-Range": f"bytes */{len(data)}"})
         self._send(h, 206, None, {**headers, "Content-Range": f"bytes {a}-{b}/{len(data)}"}, raw=data[a : b + 1])
+
+
+def _dataset_route(pattern: str) -> str | None:
+    """The dataset-repository form of a repository route (None for routes that name no repository)."""
+    if pattern.startswith(r"/api/models/"):
+        return r"/api/datasets/" + pattern[len(r"/api/models/"):]
+    if pattern.startswith(r"/([^/]+/[^/]+)"):
+        return r"/datasets/" + pattern[1:]
+    return None
 
 
 def _read_body(h: BaseHTTPRequestHandler) -> bytes:

@@ -71,8 +71,8 @@ def serve() -> None:
 
     import baton.checkpoint.cycle  # noqa: F401
     import baton.cli  # noqa: F401
+    import baton.loop  # noqa: F401
     import baton.model.export  # noqa: F401
-    import baton.train  # noqa: F401
 
     try:
         import boto3  # noqa: F401

@@ -3,9 +3,10 @@
 A checkpoint's weights, optimizer moments and data cursor mean something only for the model shape, the
 batch geometry and the data they were made with. A resume that changes one of those would quietly become
 a different run, so it is refused with a single message that lists every difference, old and new (a
-user fixes them all in one go). Changes that are legitimate pass and are logged: a longer horizon, a
+user fixes them all in one go). Changes that are legitimate pass and are logged: a
 different world size (accumulation is derived), the learning rate of the decay tail, the precision, the
-store. A few are legitimate only on purpose and pass with ``baton train --allow-change KEY``.
+store. A few are legitimate only on purpose and pass with ``baton train --allow-change KEY``; a new horizon
+(``train.steps``) besides only while the wsd schedule is still on its plateau, so its cooldown can move.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ SHAPE_KEYS = ("model.n_layers", "model.hidden", "model.n_heads", "model.n_kv_hea
               "model.vocab_size", "model.tie_embeddings")
 GEOMETRY_KEYS = ("data.seq_len", "train.global_batch")
 TOKENS_PER_STEP = "tokens per step"
+HORIZON = "train.steps"  # the horizon in steps, however configured: it places the schedule's decay
 
 # Allowed with --allow-change KEY: the run goes on meaningfully, but it is no longer the run it was.
 ALLOWABLE = {
@@ -35,6 +37,7 @@ ALLOWABLE = {
     "data.fingerprint": "the corpus (other or more prepared data)",
     "data.tokenizer": "the tokenizer file (sha256)",
     "data.permutation": "the window order itself",
+    HORIZON: "the horizon (train.steps or train.target_tokens), while the wsd schedule is still on its plateau",
 }
 
 # Config keys compared on resume (the others are free to change, and changes are logged).
@@ -87,7 +90,7 @@ def state_data(cfg_dict: dict[str, Any], fingerprint: str, tok_sha256: str) -> d
 
 
 def differences(state: dict[str, Any], new_cfg: dict[str, Any], fingerprint: str, permutation: str,
-                tok_sha256: str) -> list[Difference]:
+                tok_sha256: str, total_steps: int | None = None) -> list[Difference]:
     """Every difference between the checkpoint and this session that would make it a different run."""
     old_cfg = state.get("config") or {}
     out = [Difference(k, _get(old_cfg, k), _get(new_cfg, k)) for k in FROZEN_KEYS
@@ -110,15 +113,63 @@ def differences(state: dict[str, Any], new_cfg: dict[str, Any], fingerprint: str
     explained = {d.key for d in out} & {"data.shuffle_seed", "data.val_windows", "data.fingerprint", "data.seq_len"}
     if cursor.get("permutation_fingerprint") != permutation and not explained:
         out.append(Difference("data.permutation", cursor.get("permutation_fingerprint"), permutation))
+    if total_steps is not None and isinstance(state.get("total_steps"), int) and state["total_steps"] != total_steps:
+        out.append(Difference(HORIZON, state["total_steps"], total_steps))
     return out
+
+
+def lost_skips(state: dict[str, Any]) -> list[list[int]]:
+    """The ranges the checkpoint's rollback records skipped that its cursor does not skip (none, when sound):
+    the skipped ranges are part of the data position, and a cursor without them would read those samples."""
+    covered = [tuple(r) for r in (state.get("cursor") or {}).get("skipped") or ()]
+    records = ((state.get("stats") or {}).get("rollbacks")) or []
+    return [r["skip"] for r in records if isinstance(r, dict) and isinstance(r.get("skip"), list)
+            and not any(a <= r["skip"][0] and r["skip"][1] <= b for a, b in covered)]
+
+
+def horizon_problem(state: dict[str, Any], new_cfg: dict[str, Any], total_steps: int) -> str | None:
+    """Why the horizon may not move at this checkpoint (None: it may).
+
+    Moving the horizon moves the decay. The run stays the run it would have been with the new horizon from
+    the start only while every update so far ran at the same factor under both: warmup or plateau under the
+    old schedule and the new. That needs the wsd schedule (cosine and linear decay from the warmup's end, so
+    every later factor depends on the horizon) and a checkpoint at or before both decay starts.
+    """
+    from ..model.schedule import decay_begin
+
+    step, old_total = state["step"], state["total_steps"]
+    old_o, new_o = (state.get("config") or {}).get("optim") or {}, new_cfg["optim"]
+    kind = old_o.get("schedule", "wsd")
+    if kind != "wsd" or new_o["schedule"] != "wsd":
+        if step <= min(old_o.get("warmup_steps", 0), new_o["warmup_steps"]):
+            return None
+        return (f"the {kind} schedule decays from the end of the warmup, and the checkpoint at step {step} is "
+                "past it: a new horizon would change the learning rate of updates already made")
+    old_d0 = decay_begin(old_total, old_o.get("decay_start", 0.8))
+    new_d0 = decay_begin(total_steps, new_o["decay_start"])
+    if step > old_d0:
+        return (f"the checkpoint at step {step} is past the decay start of the {old_total}-step schedule (step "
+                f"{old_d0}): its cooldown has begun, and a new horizon cannot move it")
+    if step > new_d0:
+        return (f"the {total_steps}-step schedule would begin its decay at step {new_d0}, before the checkpoint at "
+                f"step {step}: updates already made at the plateau's rate belong to its cooldown")
+    return None
 
 
 def check_resume(state: dict[str, Any], new_cfg: dict[str, Any], total_steps: int, fingerprint: str,
                  permutation: str, tok_sha256: str,
                  allowed: set[str] | frozenset[str] = frozenset()) -> list[Difference]:
     """Refuse a resume that drifts (one message, every difference); returns the differences allowed."""
-    diffs = differences(state, new_cfg, fingerprint, permutation, tok_sha256)
+    diffs = differences(state, new_cfg, fingerprint, permutation, tok_sha256, total_steps)
     step = state.get("step")
+    lost = lost_skips(state)
+    if lost:
+        raise ResumeError(f"the checkpoint at step {step} records rollbacks that skipped stream samples {lost}, but "
+                          "its data cursor does not skip them: the checkpoint is inconsistent (resume from an "
+                          "earlier checkpoint with --resume PATH, or start a new run.name)")
+    if isinstance(step, int) and total_steps < step:
+        raise ResumeError(f"the horizon is {total_steps} steps but the checkpoint is at step {step} (raise "
+                          "train.steps or train.target_tokens, or start a new run.name)")
     refused = [d for d in diffs if d.key not in allowed]
     if refused:
         could = [d.key for d in refused if d.key in ALLOWABLE]
@@ -127,9 +178,12 @@ def check_resume(state: dict[str, Any], new_cfg: dict[str, Any], total_steps: in
             fix += f"; if intended, pass --allow-change for {', '.join(could)}"
         raise ResumeError(f"refusing to resume: the checkpoint at step {step} differs from this config in what "
                           f"makes it the same run: {'; '.join(str(d) for d in diffs)} ({fix})")
-    if isinstance(step, int) and total_steps < step:
-        raise ResumeError(f"the horizon is {total_steps} steps but the checkpoint is at step {step} (raise "
-                          "train.steps or train.target_tokens, or start a new run.name)")
+    moved = next((d for d in diffs if d.key == HORIZON), None)
+    if moved is not None:
+        why = horizon_problem(state, new_cfg, total_steps)
+        if why:
+            raise ResumeError(f"refusing to move the horizon from {moved.old} to {moved.new} steps: {why} (resume "
+                              f"with train.steps = {moved.old}, or start a new run.name)")
     if diffs:
         log.warning("resuming with changes allowed by --allow-change: %s", "; ".join(str(d) for d in diffs))
     for key in sorted(set(allowed) - {d.key for d in diffs}):
@@ -139,7 +193,7 @@ def check_resume(state: dict[str, Any], new_cfg: dict[str, Any], total_steps: in
             for sec, values in old_cfg.items() if isinstance(values, dict) and isinstance(new_cfg.get(sec), dict)
             for name, old in values.items()
             if name in new_cfg[sec] and old != new_cfg[sec][name] and f"{sec}.{name}" not in FROZEN_KEYS
-            and f"{sec}.{name}" not in QUIET]
+            and f"{sec}.{name}" not in QUIET and f"{sec}.{name}" not in {d.key for d in diffs}]
     if free:
         log.info("resuming with changed settings: %s", "; ".join(str(d) for d in free))
     return [d for d in diffs if d.key in allowed]

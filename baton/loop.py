@@ -16,10 +16,11 @@ import torch
 from . import faults
 from .config import Config
 from .errors import BatonError
-from .model.schedule import lr_factor
+from .model.schedule import factor_for
 from .runtime import dist
 from .runtime.parallel import norm_value
 from .session import finish as finishing
+from .session import rollback
 from .session.core import Session
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ def train_step(s: Session, step: int) -> dict[str, Any]:
     """One optimizer step over this rank's share of global batch ``step``."""
     p = s.parts
     cfg = p.cfg
-    lr = cfg.optim.lr * lr_factor(step, p.total_steps, cfg.optim.warmup_steps, cfg.optim.decay_start)
+    lr = cfg.optim.lr * factor_for(cfg.optim, step, p.total_steps)
     for group in p.optimizer.param_groups:
         group["lr"] = lr
     t0 = time.perf_counter()
@@ -81,7 +82,11 @@ def train(s: Session) -> dict[str, Any]:
         m = train_step(s, step)
         track_nonfinite(s, m, step)
         step += 1
+        spike = rollback.judge(s, step, m)
         s.record(step, m)
+        if spike is not None and rollback.roll_back(s, spike):
+            step = st.step  # back at the checkpoint before the spike, its data skipped
+            continue
         # A checkpoint due in a run of non-finite steps waits for a finite one, so the pointer keeps
         # naming the state from before the trouble.
         if s.checkpoint_due(step) and not st.stats.consecutive_nonfinite:

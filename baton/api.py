@@ -1,0 +1,232 @@
+"""The Python API: what ``baton prepare | train | status | plan | export`` do, as functions for a notebook
+or a script. The CLI is a thin layer over the same functions.
+
+Every problem a user can fix is raised as a ``baton.BatonError`` subclass carrying the same one-line
+message the CLI prints; in a notebook it shows as that one line, not as a traceback.
+
+    import baton
+    cfg = baton.load_config("configs/tiny.toml", {"train.steps": 200})
+    baton.prepare(cfg)
+    summary = baton.train(cfg, session_hours=12, nproc=2)
+    baton.status(cfg)["pointer_step"]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import BatonError
+
+if TYPE_CHECKING:
+    from .config import Config
+    from .runtime.launch import LaunchSpec
+
+
+class LaunchFailed(BatonError):
+    """A multi-process run ended badly; every rank's error is shown above it and in the rank logs."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+def _console() -> int:
+    """Show baton's log lines on stderr (in a notebook: the cell), as the CLI does; returns this rank."""
+    from .runtime import logs
+
+    rank = int(os.environ.get("RANK", 0))
+    logs.setup(rank)
+    return rank
+
+
+def load_config(path: str | Path | None = None,
+                overrides: Mapping[str, Any] | Iterable[str] | None = None) -> Config:
+    """Read a TOML config (or start from the defaults when ``path`` is None) and apply overrides.
+
+    ``overrides`` is a mapping ``{"optim.lr": 3e-4, "store.url": "hf://me/run"}`` or the CLI's
+    ``["optim.lr=3e-4", ...]`` strings. Raises ``ConfigError`` listing every problem at once.
+    """
+    from .config import load_config as load
+
+    if isinstance(overrides, Mapping):
+        # A JSON literal is a TOML literal for the value types a config holds (strings, numbers, booleans,
+        # lists of them), so a Python value arrives typed exactly, never re-guessed from its text.
+        items = [f"{key}={json.dumps(value)}" for key, value in overrides.items()]
+    else:
+        items = list(overrides or ())
+    return load(path, items)
+
+
+def prepare(cfg: Config, *, force: bool = False, progress: bool = True, publish: bool = False) -> dict[str, Any]:
+    """Tokenize the configured sources into ``data.dir``; returns the manifest. Reuses a matching folder.
+
+    ``publish`` then pushes the prepared dataset to ``data.url``, verified (see :func:`publish_data`).
+    """
+    from .data.prepare import prepare as run_prepare
+
+    _console()
+    if publish:
+        from .data.remote import data_store
+
+        data_store(cfg)  # no data.url: said before hours of preparing, not after
+    m = run_prepare(cfg, force=force, progress=progress)
+    print(f"prepared {cfg.data.dir}: {m['total_tokens']:,} tokens in {m['n_shards']} shards, "
+          f"vocab {m['tokenizer']['vocab_size']}, fingerprint {m['fingerprint']}")
+    if publish:
+        publish_data(cfg)
+    return m
+
+
+def publish_data(cfg: Config) -> str:
+    """Push the prepared ``data.dir`` to ``data.url``, every file verified, the manifest last; returns the summary line.
+
+    A rerun after a kill uploads only what the store does not already hold verified.
+    """
+    from .data.publish import publish
+
+    _console()
+    line = publish(cfg).line()
+    print(line)
+    return line
+
+
+def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = None,
+          session_hours: float | str | None = None, deadline: str | None = None, nproc: int = 1,
+          allow_change: Iterable[str] = (), progress: bool = True, launch: LaunchSpec | None = None,
+          session_start: float | None = None, stream_output: bool = True) -> dict[str, Any]:
+    """Resume from the store and train to the next stop boundary; returns the session's summary.
+
+    ``session_hours`` (9, "9h", "90m") or ``deadline`` (ISO 8601) set the time budget, counted from this
+    process's start (in a notebook: the kernel's, close to the platform's session start) unless
+    ``session_start`` (epoch seconds) says otherwise. ``nproc > 1`` (or a multi-node ``launch``) runs the
+    ranks under torchrun, as ``baton train --nproc``; with ``stream_output`` their output is copied into
+    this process's stdout, which in a notebook is the cell. A stop signal (SIGTERM, the notebook's
+    interrupt) checkpoints at the next step boundary and returns normally.
+    """
+    from .runtime.launch import LaunchSpec
+    from .session.clock import session_clock
+
+    rank = _console()
+    cfg.validate()  # a config changed in place since it was loaded is checked again
+    if stop_after_steps is not None and stop_after_steps <= 0:
+        raise BatonError(f"--stop-after-steps must be a positive step number, got {stop_after_steps}")
+    spec = launch or LaunchSpec(nproc=nproc)
+    if spec.nproc < 1:
+        raise BatonError(f"--nproc must be >= 1, got {spec.nproc}")
+    if cfg.publish.url and (cfg.eval.files or cfg.eval.tasks):
+        from .evaluate.run import Plan
+
+        Plan(cfg)  # the horizon's publish evaluates these: a missing file or unknown task is said now, not then
+    from .session.drift import validate_allowed
+
+    allowed = tuple(sorted(validate_allowed(list(allow_change))))
+    started, stop_at = session_clock(cfg, session_start, session_hours, deadline)
+    if "RANK" not in os.environ and (spec.nproc > 1 or spec.multi_node):
+        return _launched(cfg, spec, rank_args(cfg, resume, stop_after_steps, started, stop_at, allowed, progress),
+                         stream_output)
+    from .loop import run
+    from .runtime import dist, logs
+
+    # This rank's log file from the start, so a failure before training still lands in it.
+    logs.setup(rank, cfg.run_dir / "logs")
+    summary = run(cfg, resume=resume, stop_after=stop_after_steps, progress=progress, deadline=stop_at,
+                  started=started, allow_change=allowed)
+    dist.shutdown()  # a clean exit leaves no process group behind (NCCL warns, and may hang, otherwise)
+    if summary.get("val_loss") is not None and rank == 0:
+        print(f"final validation: loss {summary['val_loss']:.4f}, perplexity {summary['val_ppl']:.2f}")
+    return summary
+
+
+def rank_args(cfg: Config, resume: str, stop_after_steps: int | None, started: float, stop_at: float | None,
+              allow_change: tuple[str, ...], progress: bool) -> list[str]:
+    """The ``baton train`` flags of every rank: the resolved config as a file, and the launcher's clock as
+    absolute instants, so every rank stops by the launcher's clock rather than its own later start."""
+    from .config import config_json
+
+    path = cfg.run_dir / "launch" / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(config_json(cfg), encoding="utf-8")
+    tmp.replace(path)
+    out = ["--config", str(path), "--resume", resume, "--session-start", repr(started)]
+    if stop_after_steps is not None:
+        out += ["--stop-after-steps", str(stop_after_steps)]
+    if stop_at is not None:
+        out += ["--deadline", datetime.fromtimestamp(stop_at, timezone.utc).isoformat()]
+    for key in allow_change:
+        out += ["--allow-change", key]
+    if not progress:
+        out.append("--no-progress")
+    return out
+
+
+def _launched(cfg: Config, spec: LaunchSpec, args: list[str], stream_output: bool) -> dict[str, Any]:
+    from .runtime.launch import check_geometry, launch
+
+    spec.check()
+    check_geometry(spec, cfg.train.global_batch, cfg.train.micro_batch)
+    summary_path = cfg.run_dir / "run_summary.json"
+    before = summary_path.stat().st_mtime if summary_path.exists() else None
+    t0 = time.time()
+    rc = launch(spec, args, cfg.run_dir / "logs", cfg.run.name, output=sys.stdout if stream_output else None)
+    if rc:
+        raise LaunchFailed(f"the {spec.nproc}-process run failed (exit status {rc}); each rank's error is shown "
+                           f"above and in {cfg.run_dir / 'logs'}", rc)
+    if summary_path.exists() and summary_path.stat().st_mtime != before and summary_path.stat().st_mtime >= t0 - 1:
+        return json.loads(summary_path.read_text(encoding="utf-8"))
+    # Rank 0 writes no summary when there was nothing to train (the run is complete): say what the store holds.
+    s = status(cfg)
+    return {"complete": s["complete"], "steps_done": s["pointer_step"], "total_steps": s["total_steps"]}
+
+
+def status(cfg: Config) -> dict[str, Any]:
+    """What the store holds for the run: pointer, verified checkpoints, tokens, measured rate, ETA, ledger."""
+    from .views.status import status as run_status
+
+    _console()
+    return run_status(cfg)
+
+
+def plan(cfg: Config | None = None, **options: Any) -> dict[str, Any]:
+    """Sessions, calendar and GPU-hours for the run, as ``baton plan --json`` (without tripwires).
+
+    ``options`` are ``baton plan``'s flags with underscores: ``rate="7.7k"``, ``session_hours=12``,
+    ``target_tokens="1B"``, ``quota_hours=30``, ... The result's ``"text"`` is the table the CLI prints.
+    """
+    import argparse
+
+    from .planning.plan import plan as make_plan
+    from .views.plan import format_plan, plan_input, plan_options
+
+    _console()
+    parser = argparse.ArgumentParser(prog="baton.plan", add_help=False)
+    plan_options(parser)  # the flags of `baton plan`, with their defaults and their own parsers
+    args = parser.parse_args([])
+    actions = {a.dest: a for a in parser._actions if a.dest != "tripwire"}
+    unknown = sorted(set(options) - set(actions))
+    if unknown:
+        raise BatonError(f"plan: no option {', '.join(unknown)} (valid: {', '.join(sorted(actions))})")
+    for key, value in options.items():
+        kind = actions[key].type  # the flag's own parser: numbers stay numbers, durations and counts are text
+        setattr(args, key, None if value is None else kind(value) if kind in (int, float) else str(value))
+    inp, sources, _ = plan_input(args, cfg)
+    p = make_plan(inp)
+    return p.to_dict() | {"sources": sources, "text": format_plan(p, sources)}
+
+
+def export(cfg: Config, out: str | Path, source: str = "store", step: int | None = None) -> Path:
+    """Write the run's latest verified checkpoint (the verified one at ``step``, or the local checkpoint
+    folder ``source``) as a Hugging Face model folder; returns it."""
+    from .model.export import export_run
+
+    _console()
+    path = export_run(cfg, source, Path(out), step)
+    print(f"exported to {path}")
+    return path

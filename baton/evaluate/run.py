@@ -1,0 +1,129 @@
+"""`baton eval`: one verified checkpoint scored on the run's held-out windows, extra files and lm-eval tasks.
+
+The record goes to ``<run>/eval/<step>.json`` in the store (a text object beside, never inside, the
+checkpoint folders) and into the model card `baton publish` writes.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from contextlib import nullcontext
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import __version__
+from ..config import Config, config_from_dict
+from ..errors import BatonError
+from ..store import Store
+from .heldout import Scorer, file_rows, token_bytes
+
+FORMAT = "baton-eval-v1"
+
+
+def eval_key(run: str, step: int) -> str:
+    return f"{run}/eval/{step}.json"
+
+
+def read_record(store: Store, run: str, step: int) -> dict[str, Any] | None:
+    text = store.read_text(eval_key(run, step))
+    if text is None:
+        return None
+    try:
+        rec = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return rec if isinstance(rec, dict) and rec.get("format") == FORMAT and rec.get("step") == step else None
+
+
+def write_record(store: Store, run: str, record: dict[str, Any]) -> str:
+    key = eval_key(run, record["step"])
+    text = json.dumps(record, indent=1, sort_keys=True)
+    store.write_text(key, text)
+    if store.read_text(key) != text:
+        raise BatonError(f"the evaluation record {key} read back from {store.describe()} differs from what was written")
+    return key
+
+
+class Plan:
+    """What to evaluate, checked before any checkpoint is pulled."""
+
+    def __init__(self, cfg: Config, files: list[str] | None = None, tasks: list[str] | None = None):
+        self.files = [Path(f) for f in (cfg.eval.files if files is None else files)]
+        self.tasks = list(cfg.eval.tasks if tasks is None else tasks)
+        for f in self.files:
+            if not f.is_file():
+                raise BatonError(f"eval file {f} not found (fix eval.files or --files)")
+        self.tm = None
+        if self.tasks:
+            from .lmeval import task_manager
+
+            self.tm = task_manager(self.tasks, cfg.eval.task_dir)
+
+
+def pick_device(cfg: Config) -> torch.device:
+    from ..runtime.device import pick_device as device_for
+
+    return device_for(cfg.train.device)
+
+
+def evaluate_model(cfg: Config, plan: Plan, model: torch.nn.Module, state: dict[str, Any],
+                   export_dir: Path | None) -> dict[str, Any]:
+    """The record for ``model`` (the weights of checkpoint ``state``); ``export_dir`` its exported folder,
+    needed for lm-eval tasks."""
+    from ..data.reader import WindowDataset
+    from ..data.tokenize import data_tokenizer, find_eos
+
+    saved = config_from_dict(state["config"])
+    device = pick_device(cfg)
+    model = model.to(device).eval()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(saved.train.precision)
+
+    def autocast():
+        return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
+
+    tok = data_tokenizer(cfg.data.dir)
+    micro = saved.train.micro_batch if isinstance(saved.train.micro_batch, int) else 1
+    scorer = Scorer(model, device, micro, autocast, token_bytes(tok))
+    data = WindowDataset(cfg.data.dir, saved.data.seq_len, saved.data.shuffle_seed, saved.data.val_windows)
+    ids = data.val_window_ids()
+    heldout = scorer.score(data.windows(ids[a : a + micro]) for a in range(0, len(ids), micro))
+    _, eos_id = find_eos(tok)
+    files = {}
+    for f in plan.files:
+        files[f.name] = {**scorer.score(scorer.chunks(file_rows(f, tok, eos_id, saved.data.seq_len,
+                                                                 cfg.eval.field))), "path": str(f)}
+    tasks: dict[str, dict[str, float]] = {}
+    if plan.tasks:
+        if export_dir is None:
+            raise BatonError("lm-eval tasks need the exported model folder")
+        from .lmeval import run_tasks
+
+        tasks = run_tasks(export_dir, plan.tasks, plan.tm, str(device), cfg.eval.limit)
+    step = state["step"]
+    return {"format": FORMAT, "run": cfg.run.name, "step": step, "tokens_seen": step * saved.tokens_per_step,
+            "heldout": heldout, "files": files, "tasks": tasks,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "baton_version": __version__}
+
+
+def run_eval(cfg: Config, step: int | None = None, files: list[str] | None = None,
+             tasks: list[str] | None = None) -> tuple[dict[str, Any], str]:
+    """Pull the verified checkpoint at ``step`` (None: the pointer's), evaluate it, write the record."""
+    from ..data.manifest import load_manifest
+    from ..data.prepare import TOKENIZER_FILE
+    from ..model.export import checkpoint_model, export_model
+    from ..store import RetryPolicy, open_store
+
+    plan = Plan(cfg, files, tasks)
+    store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
+    with tempfile.TemporaryDirectory(prefix="baton-eval-") as tmp:
+        model, state = checkpoint_model(cfg, "store", Path(tmp), step)
+        export_dir = None
+        if plan.tasks:
+            export_dir = export_model(model, Path(cfg.data.dir) / TOKENIZER_FILE, Path(tmp) / "export",
+                                      load_manifest(cfg.data.dir)["tokenizer"]["eos_token"])
+        record = evaluate_model(cfg, plan, model, state, export_dir)
+    return record, write_record(store, cfg.run.name, record)

@@ -1,0 +1,1 @@
+"""Releasing a model: a verified checkpoint published with its model card."""

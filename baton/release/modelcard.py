@@ -1,0 +1,138 @@
+"""The model card of a published model: Hub YAML metadata (license, tags, datasets, model-index with the
+evaluation results) and a body saying what the model is, what it was trained on, at what cost, how well it
+scores and how to load it; plus the loss-curve image it shows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+LOSS_CURVE = "loss_curve.png"
+
+
+def loss_curve(metrics: Path, out: Path, heldout: float | None = None) -> Path | None:
+    """Training loss per step from a metrics.jsonl (the held-out loss as a point at the last step); None when
+    there is no history or no matplotlib."""
+    try:
+        rows = [json.loads(x) for x in metrics.read_text(encoding="utf-8").splitlines() if x.strip()]
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except (OSError, ValueError, ImportError):
+        return None
+    pts = [(r["step"], r["loss"]) for r in rows if isinstance(r.get("loss"), (int, float)) and "step" in r]
+    if not pts:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    ax.plot(*zip(*pts), lw=1, label="training loss")
+    if heldout is not None:
+        ax.scatter([pts[-1][0]], [heldout], color="C3", zorder=3, label="held-out loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats/token)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def _results(model_name: str, ev: dict[str, Any]) -> list[EvalResult]:
+    out = []
+    h = ev.get("heldout") or {}
+    held = f"held-out windows of run {ev.get('run')}"
+    for metric in ("loss", "bits_per_byte", "ppl"):
+        if metric in h:
+            out.append(EvalResult(task_type="text-generation", dataset_type="baton-heldout", dataset_name=held,
+                                  metric_type=metric, metric_value=round(float(h[metric]), 6)))
+    for name, r in (ev.get("files") or {}).items():
+        for metric in ("loss", "bits_per_byte"):
+            if metric in r:
+                out.append(EvalResult(task_type="text-generation", dataset_type="text-file", dataset_name=name,
+                                      metric_type=metric, metric_value=round(float(r[metric]), 6)))
+    for task, metrics in (ev.get("tasks") or {}).items():
+        for metric, value in metrics.items():
+            out.append(EvalResult(task_type="text-generation", dataset_type=task, dataset_name=task,
+                                  metric_type=metric, metric_value=round(float(value), 6),
+                                  source_name="lm-evaluation-harness"))
+    return out
+
+
+def build_card(*, repo: str, run: str, step: int, params: int, tokens_seen: int, config: dict[str, Any],
+               manifest: dict[str, Any], ledger: dict[str, Any], evaluation: dict[str, Any], license: str,
+               tags: list[str], curve: str | None) -> ModelCard:
+    model_cfg = config["model"]
+    datasets = sorted({s["path"] for s in config["data"]["sources"] if s.get("kind") == "hf_dataset" and s.get("path")})
+    data = ModelCardData(license=license or None, library_name="transformers", pipeline_tag="text-generation",
+                         tags=["baton", "llama", "text-generation", *tags], datasets=datasets or None,
+                         model_name=repo, eval_results=_results(repo, evaluation) or None)
+    sources = "\n".join(f"  - {s['kind']}: {s.get('path') or '(the Python standard library)'}"
+                        + (f" (weight {s['weight']:g})" if s.get("weight", 1.0) != 1.0 else "")
+                        for s in config["data"]["sources"])
+    h = evaluation.get("heldout") or {}
+    rows = [("held-out windows", h)] + [(n, r) for n, r in (evaluation.get("files") or {}).items()]
+    table = "\n".join(f"| {n} | {r['loss']:.4f} | {r['bits_per_byte']:.4f} | {r['tokens']:,} |" for n, r in rows if r)
+    tasks = "\n".join(f"| {t} | {m} | {v:.4f} |" for t, ms in (evaluation.get("tasks") or {}).items()
+                      for m, v in ms.items())
+    hours = ledger.get("billed_hours")
+    body = f"""
+# {repo.split('/')[-1]}
+
+A Llama-architecture causal language model pretrained from scratch with baton (run `{run}`, step {step:,}).
+It is a plain `LlamaForCausalLM`: it loads with transformers alone, no custom code.
+
+## Model
+
+- architecture: Llama, {model_cfg['n_layers']} layers, hidden {model_cfg['hidden']}, {model_cfg['n_heads']} heads \
+({model_cfg['n_kv_heads']} key/value heads), SwiGLU {model_cfg['ffn']}, RoPE theta {model_cfg['rope_theta']:g}, \
+vocabulary {model_cfg['vocab_size']:,}{', tied embeddings' if model_cfg.get('tie_embeddings') else ''}
+- parameters: {params:,}
+- context length: {config['data']['seq_len']:,} tokens in training
+
+## Training data
+
+- tokens seen: {tokens_seen:,} ({step:,} steps of {config['train']['global_batch']} x {config['data']['seq_len']} tokens)
+- corpus: {manifest.get('total_tokens', 0):,} tokens, fingerprint `{manifest.get('fingerprint', 'unknown')}`
+- tokenizer: {manifest.get('tokenizer', {}).get('vocab_size', '?')} tokens, end-of-text `{manifest.get('tokenizer', {}).get('eos_token', '?')}`
+- sources:
+{sources}
+
+## Compute
+
+- hardware: {', '.join(ledger.get('devices') or []) or 'unknown'}
+- GPU-hours (billed hours x accelerators, from the run's ledger): {f'{hours:.4f}' if hours is not None else 'unknown'} over {ledger.get('sessions', 0)} session(s)
+
+{f'![training loss]({curve})' if curve else ''}
+
+## Evaluation
+
+| data | loss (nats/token) | bits per byte | tokens |
+|---|---|---|---|
+{table}
+{f'''
+lm-evaluation-harness:
+
+| task | metric | value |
+|---|---|---|
+{tasks}
+''' if tasks else ''}
+## How to use
+
+```python
+from transformers import pipeline
+
+generate = pipeline("text-generation", model="{repo}")
+print(generate("def ", max_new_tokens=32)[0]["generated_text"])
+```
+
+## Training configuration
+
+```json
+{json.dumps(config, indent=1, sort_keys=True)}
+```
+"""
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")

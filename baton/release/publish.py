@@ -1,0 +1,184 @@
+"""`baton publish`: a verified checkpoint as a Hugging Face model repository, at the root of ``publish.url``.
+
+The order is the guarantee, as for checkpoints: the exported model files (weights, config, generation
+config, tokenizer, loss curve) are pushed and verified first; the model card ``README.md`` is written last
+and read back. A card left by an earlier publish is removed before any file changes, so the target never
+shows a card that names files not yet verified: a publish cut short leaves verified files and no card,
+and running it again finishes it. The checkpoint store is only read, except for the evaluation record
+``<run>/eval/<step>.json`` (written when none exists yet).
+
+Intermediate checkpoints go to revisions ``step-N``: branches of a Hub repository, folders ``step-N/``
+elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import faults
+from ..checkpoint.cycle import push_folder, store_key
+from ..config import Config
+from ..errors import BatonError, StoreError
+from ..planning import ledger as L
+from ..store import RetryPolicy, Store, open_store
+
+log = logging.getLogger(__name__)
+
+CARD = "README.md"
+
+
+@dataclass
+class Target:
+    store: Store
+    prefix: str  # "" for the root of the repository (or of the revision's branch)
+    repo: str  # what `from_pretrained` is given: owner/name on the Hub, else the URL
+
+    def describe(self) -> str:
+        return self.store.describe() + (f" under {self.prefix}/" if self.prefix else "")
+
+
+def open_target(cfg: Config, revision: str | None = None) -> Target:
+    """The publish target, proven reachable with the configured credentials before anything is uploaded."""
+    url = cfg.publish.url
+    if not url:
+        raise BatonError("publish.url is empty: set [publish] url = \"hf://owner/model-repo\" (or a path, s3://, "
+                         "file://) in the config or pass --set publish.url=...")
+    retry = RetryPolicy.from_config(cfg.store)
+    if url.startswith("hf://"):
+        from ..store.hub import HubStore
+
+        store = HubStore.from_url(url, retry)
+        target = Target(store, "", store.repo_id)
+        _probe(target)
+        if revision and revision != store.revision:
+            store._call(lambda: store.api.create_branch(store.repo_id, branch=revision, revision=store.revision,
+                                                        repo_type=store.repo_type, exist_ok=True),
+                        f"creation of branch {revision}")
+            store.revision = revision
+        return target
+    target = Target(open_store(url, retry), revision or "", url)
+    _probe(target)
+    return target
+
+
+def _probe(target: Target) -> None:
+    """A read with the credentials that will write: a wrong token, a missing repository or bucket, an
+    unwritable folder show here, before the first upload."""
+    root = getattr(target.store, "root", None)
+    if root is not None:  # a local folder: reading proves nothing about writing
+        probe = Path(root)
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        import os
+
+        if not os.access(probe, os.W_OK):
+            raise BatonError(f"publish.url {target.describe()}: {probe} is not writable (pick a folder you may write)")
+        return
+    try:
+        target.store.read_text(store_key(target.prefix, CARD))
+    except StoreError as e:
+        raise BatonError(f"cannot publish to {target.describe()}: {e}") from None
+
+
+def _ledger_summary(store: Store, run: str) -> dict[str, Any]:
+    records, _ = L.read_ledger(store, run)
+    t = L.totals(records)
+    devices = sorted({f"{r.get('accelerators', 1)} x {r.get('device')}" for r in records if r.get("device")})
+    return {"billed_hours": round(t.billed_hours, 6), "sessions": t.sessions, "devices": devices}
+
+
+def publish_folder(cfg: Config, target: Target, folder: Path, state: dict[str, Any], evaluation: dict[str, Any],
+                   metrics: Path | None) -> dict[str, Any]:
+    """Push the exported ``folder`` (plus the loss curve) to ``target``, verify it, then write the card."""
+    from ..config import config_from_dict
+    from ..data.manifest import load_manifest
+    from ..model.llama import param_count
+    from .modelcard import LOSS_CURVE, build_card, loss_curve
+
+    saved = config_from_dict(state["config"])
+    store = target.store
+    curve = loss_curve(metrics, folder / LOSS_CURVE, (evaluation.get("heldout") or {}).get("loss")) \
+        if metrics is not None else None
+    (folder / "baton.json").unlink(missing_ok=True)  # the card carries the provenance
+    card_key = store_key(target.prefix, CARD)
+    if store.read_text(card_key) is not None:
+        from ..store import delete_keys
+
+        delete_keys(store, [card_key])
+    files, _ = push_folder(store, folder, target.prefix, cfg.store.verify)
+    faults.point("publish.card", state["step"])
+    ckpt_store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
+    card = build_card(repo=target.repo, run=cfg.run.name, step=state["step"], params=param_count(saved.model),
+                      tokens_seen=state["step"] * saved.tokens_per_step, config=state["config"],
+                      manifest=load_manifest(cfg.data.dir), ledger=_ledger_summary(ckpt_store, cfg.run.name),
+                      evaluation=evaluation, license=cfg.publish.license, tags=cfg.publish.tags,
+                      curve=LOSS_CURVE if curve else None)
+    text = str(card)
+    store.write_text(card_key, text)
+    if store.read_text(card_key) != text:
+        raise StoreError(f"the model card {card_key} read back from {target.describe()} differs from what was written")
+    log.info("published step %d to %s: %d files verified, then the model card", state["step"], target.describe(),
+             len(files))
+    return {"target": target.describe(), "step": state["step"], "files": sorted(files), "card": card_key}
+
+
+def publish(cfg: Config, step: int | None = None, revision: str | None = None) -> dict[str, Any]:
+    """`baton publish`: the verified checkpoint at ``step`` (None: the pointer's) to ``publish.url``."""
+    from ..checkpoint.select import locate
+    from ..checkpoint.state import METRICS_FILE
+    from ..data.manifest import load_manifest
+    from ..data.prepare import TOKENIZER_FILE
+    from ..evaluate.run import Plan, evaluate_model, read_record, write_record
+    from ..model.export import checkpoint_model, export_model
+
+    target = open_target(cfg, revision)
+    ckpt_store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
+    wanted = locate(ckpt_store, cfg.run.name, step)["step"]  # a step not in the store fails here, before uploads
+    evaluation = read_record(ckpt_store, cfg.run.name, wanted)
+    plan = Plan(cfg) if evaluation is None else None
+    with tempfile.TemporaryDirectory(prefix="baton-publish-") as tmp:
+        model, state = checkpoint_model(cfg, "store", Path(tmp), wanted)
+        folder = export_model(model, Path(cfg.data.dir) / TOKENIZER_FILE, Path(tmp) / "model",
+                              load_manifest(cfg.data.dir)["tokenizer"]["eos_token"])
+        if evaluation is None:
+            assert plan is not None  # built above, before any download, for the missing record
+            evaluation = evaluate_model(cfg, plan, model, state, folder)
+            write_record(ckpt_store, cfg.run.name, evaluation)
+        metrics = Path(tmp) / "ckpt" / METRICS_FILE
+        return publish_folder(cfg, target, folder, state, evaluation, metrics if metrics.is_file() else None)
+
+
+def publish_trained(cfg: Config, model, step: int, folder: Path, metrics: Path | None,
+                    revision: str = "") -> dict[str, Any]:
+    """From a training session: the model in memory and its export ``folder`` (left as it is), at ``step``."""
+    import shutil
+
+    from ..evaluate.run import Plan, evaluate_model, read_record, write_record
+
+    target = open_target(cfg, revision)
+    plan = Plan(cfg)
+    ckpt_store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
+    state = {"step": step, "config": cfg.to_dict()}
+    with tempfile.TemporaryDirectory(prefix="baton-publish-") as tmp:
+        staged = Path(shutil.copytree(folder, Path(tmp) / "model"))
+        evaluation = read_record(ckpt_store, cfg.run.name, step)
+        if evaluation is None:
+            evaluation = evaluate_model(cfg, plan, model, state, staged)
+            write_record(ckpt_store, cfg.run.name, evaluation)
+        return publish_folder(cfg, target, staged, state, evaluation, metrics)
+
+
+def revision_for(cfg: Config, step: int, total_steps: int) -> str | None:
+    """Where training publishes checkpoint ``step``: the main revision at the horizon, ``step-N`` at a
+    multiple of publish.every, nowhere otherwise."""
+    if not cfg.publish.url:
+        return None
+    if step >= total_steps:
+        return ""
+    if cfg.publish.every and step % cfg.publish.every == 0:
+        return f"step-{step}"
+    return None

@@ -1,0 +1,106 @@
+"""What the store holds for a run, read from the store alone (no local state), so any machine can answer:
+pointer, verified checkpoints, tokens, skipped ranges, measured rate, ETA, the dataset, the ledger's totals.
+``baton status`` prints it; ``baton.status`` returns it."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from ..config import Config
+from ..errors import BatonError
+from ..planning import ledger as L
+from ..planning.plan import HOUR, PlanInput, iso, plan
+from ..store import RetryPolicy, open_store
+
+
+def status(cfg: Config) -> dict[str, Any]:
+    from ..checkpoint.pull import read_pointer
+
+    store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
+    run = cfg.run.name
+    out: dict[str, Any] = {"run": run, "store": store.describe(), "total_steps": cfg.total_steps,
+                           "tokens_per_step": cfg.tokens_per_step}
+    try:
+        pointer = read_pointer(store, run)
+        out["pointer_problem"] = None
+    except BatonError as e:
+        pointer, out["pointer_problem"] = None, str(e)
+    step = pointer["step"] if pointer else 0
+    out.update({"pointer_step": pointer["step"] if pointer else None,
+                "pointer_path": pointer["path"] if pointer else None,
+                "complete": bool(pointer and pointer.get("complete")), "tokens_done": step * cfg.tokens_per_step,
+                "steps_left": max(0, cfg.total_steps - step)})
+    # Stream ranges the run skips after loss-spike rollbacks: part of its data position (baton.session.rollback).
+    out["skipped"] = list((pointer.get("cursor") or {}).get("skipped") or []) if pointer else []
+    from ..checkpoint.select import present_steps, verified_steps
+
+    records, problems = L.read_ledger(store, run)
+    # A checkpoint in the store is verified when the pointer names it or a session recorded its verification;
+    # anything else under ckpt/ is an upload that never passed (kept for inspection, never resumed from).
+    verified = verified_steps(store, run, pointer)
+    present = present_steps(store, run)
+    out["checkpoints"] = [{"step": s, "verified": s in verified, "pointer": bool(pointer and s == pointer["step"])}
+                          for s in present]
+    rate, rate_src = L.measured_rate(records)
+    out["rate_tokens_per_s"], out["rate_source"] = rate, rate_src
+    out["stepping_hours_left"] = (out["steps_left"] * cfg.tokens_per_step / rate / HOUR) if rate else None
+    out["eta"] = None
+    if rate and out["steps_left"] and cfg.budget.session_hours:
+        b = cfg.budget
+        quota = L.quota_from(b)
+        now = datetime.now(timezone.utc)
+        t = L.totals(records, quota, b.cap_hours, now)
+        p = _plan_or_problem(out, PlanInput(
+            total_steps=cfg.total_steps, tokens_per_step=cfg.tokens_per_step, rate=rate,
+            session_hours=b.session_hours, margin_hours=b.margin_minutes / 60,
+            startup_seconds=b.startup_minutes * 60 or L.startup_seconds(records)[0] or 0.0,
+            ckpt_seconds=b.ckpt_seconds or L.checkpoint_seconds(records) or 0.0, ckpt_every=cfg.train.ckpt_every,
+            start_step=step, quota_hours=b.quota_hours, quota_period_hours=b.quota_period_days * 24,
+            quota_reset=quota.reset if quota else None, used_hours=t.period_hours or 0.0,
+            cap_left_hours=t.cap_left, bill_factor=b.bill_factor or records[-1].get("bill_factor", 1.0), start=now))
+        if p is not None:
+            out["eta"] = iso(p.eta)
+            out["sessions_left"] = len(p.sessions)
+            out["billed_hours_left"] = round(p.billed_hours, 4)
+            out["plan_warnings"] = p.warnings
+    out["data"] = data_status(cfg, records)
+    t = L.totals(records, L.quota_from(cfg.budget), cfg.budget.cap_hours)
+    out["ledger"] = t.to_dict()
+    out["ledger_problems"] = problems
+    return out
+
+
+def data_status(cfg: Config, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The dataset the next session trains on (data.url's manifest, else data.dir's) and the last pull."""
+    from ..data.manifest import MANIFEST, load_manifest, parse_manifest
+
+    out: dict[str, Any] = {"url": cfg.data.url or None, "dir": cfg.data.dir, "problem": None}
+    try:
+        if cfg.data.url:
+            from ..data.remote import data_store
+
+            store = data_store(cfg)
+            out["location"] = store.describe()
+            raw = store.read_text(MANIFEST)
+            m = parse_manifest(raw, f"{MANIFEST} in {out['location']}") if raw is not None else None
+            if m is None:
+                out["problem"] = f"no {MANIFEST} in {out['location']} (run `baton publish-data`)"
+        else:
+            out["location"] = cfg.data.dir
+            m = load_manifest(cfg.data.dir)
+    except BatonError as e:
+        m, out["problem"] = None, str(e)
+    if m is not None:
+        out.update(fingerprint=m["fingerprint"], shards=m["n_shards"], total_tokens=m["total_tokens"])
+    pulled = [r for r in records if r.get("data")]
+    out["last_pull"] = ({"session": pulled[-1]["session"], **pulled[-1]["data"]} if pulled else None)
+    return out
+
+
+def _plan_or_problem(out: dict[str, Any], inp: PlanInput):
+    try:
+        return plan(inp)
+    except BatonError as e:  # a budget that cannot plan is worth reporting, not a reason to hide the status
+        out["plan_problem"] = str(e)
+        return None

@@ -1,0 +1,455 @@
+"""Everything baton does on CUDA, proven in one short run on one GPU: correctness and speed in one table.
+
+Each case runs in its own process (this script again, with ``--case NAME``), so an out-of-memory error or
+a crash in one case costs that row, not the table. The model is the reference shape of
+configs/ref-106m.toml (22 layers, hidden 576, 9 heads, 3 KV heads, FFN 1536, vocabulary 49,152, tied),
+trained through baton's own Session on synthetic tokens (uniform below 256, so the loss has somewhere to
+fall: from ln 49,152 = 10.8 towards ln 256 = 5.5).
+
+  precision   fp16 + GradScaler (the T4 path of configs/ref-106m.toml, forced: eager attention, activation
+              checkpointing, seq 1024), bf16 autocast, fp32: 100 steps of 8 x 1024 tokens each; every loss
+              finite, the loss falling (mean of the last quarter at least 1 nat under the first quarter's),
+              the GradScaler live exactly when fp16 (enabled, and its scale is reported).
+  speed       seq 2048, 65,536 tokens per step, precision auto, micro_batch auto: base (sdpa, no compile,
+              no activation checkpointing), compile, flash2 (flash_attention_2 where the package is installed
+              and the GPU is sm80+; refused with baton's own one-line error otherwise), eager,
+              ckpt (activation checkpointing), fused_ce (liger-kernel's fused linear cross-entropy at
+              vocabulary 49,152, where installed), compile_fused (both: the defaults on CUDA with liger-kernel
+              installed; last, so the budget may leave it out: run it with --cases): tokens/s (median step),
+              MFU (baton/runtime/flops.py) and peak memory allocated each.
+  micro_auto  the probe's choice in the base case (every micro-batch tried, its peak, the one kept) and
+              that training at it did not run out of memory.
+  resume      12 steps of 8 x 512 tokens: stop at half the horizon, wipe the local run folder, resume from
+              the store, finish; against the same run uninterrupted. resume_det with train.deterministic =
+              true: weights, optimizer moments and every loss must be bit-identical. resume_nondet without
+              it: every step's loss within a relative 1e-3 of the uninterrupted run's (the table says whether
+              it was bit-identical anyway).
+  trainer     the same shape (seq 2048, micro-batch 8, 65,536 tokens per step) under transformers.Trainer,
+              taking strict turns with baton step by step in one process (benchmarks/bench_vs_hf_trainer.py's
+              race), bf16, no compile on either side: tokens/s ratio baton / Trainer.
+
+Targets: MFU >= 40 % at seq 2048 on an H100/H200 with the best speed case; baton / Trainer >= 1.0.
+
+The run is sized for 6 minutes on an H100/H200, start-up included, and guarded: no case starts once
+``--budget-seconds`` (default 330) are spent, a case still running then is stopped and reported as a
+timeout, and the rows not reached say so. Each row gives its wall time.
+
+``--smoke`` runs the same flow on CPU with a 2-layer model and a few steps (part of the test suite, so the
+script cannot rot): rows that need CUDA say "skipped: no CUDA", compile is skipped (minutes of CPU code
+generation), nothing is measured. Run from the repository root:
+
+    python benchmarks/gpu_check.py --out gpu_check.json           # on the GPU machine, at most 6 minutes
+    python benchmarks/gpu_check.py --cases fp16,base,resume_det    # a subset
+    python benchmarks/gpu_check.py --smoke --out /tmp/smoke.json   # the flow on CPU
+
+Requirements on the GPU machine: baton's own (torch with CUDA, transformers), ``accelerate`` for the
+Trainer case; optionally flash-attn and liger-kernel (``pip install -e ".[bench,liger]"``). Nothing is
+downloaded: the tokens are synthetic. Exit status 1 when a case failed or a correctness check did not
+hold; a missed speed target is reported, not an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from _perf_common import ROOT, default_work_dir, machine, prepare_data, synthetic_corpus, write_config
+
+# Case -> (group, overrides on top of the group's settings). Run in this order: what the acceptance rests
+# on first, so a budget that runs short cuts the least important rows.
+CASES = {
+    "fp16": ("precision", ["train.precision=fp16"]),
+    "bf16": ("precision", ["train.precision=bf16"]),
+    "fp32": ("precision", ["train.precision=fp32"]),
+    "base": ("speed", []),
+    "compile": ("speed", ["train.compile=true"]),
+    "flash2": ("speed", ["model.attn=flash_attention_2"]),
+    "trainer": ("trainer", []),
+    "resume_det": ("resume", ["train.deterministic=true"]),
+    "resume_nondet": ("resume", []),
+    "ckpt": ("speed", ["model.grad_ckpt=true"]),
+    "eager": ("speed", ["model.attn=eager"]),
+    "fused_ce": ("speed", ["train.fused_ce=true"]),
+    # What precision, compile and fused_ce "auto" give on CUDA with liger-kernel installed.
+    "compile_fused": ("speed", ["train.compile=true", "train.fused_ce=true"]),
+}
+NEEDS_CUDA = ("flash2", "fused_ce", "compile_fused")
+# Cases whose setting baton itself may refuse on this machine (its one-line error): reported as skipped.
+MAY_REFUSE = ("flash2", "fused_ce", "compile_fused")
+
+# Sizes per group: (GPU, smoke). steps: optimizer steps (precision, resume), measured steps after warmup
+# (speed, trainer).
+SIZES = {
+    "precision": ({"seq_len": 1024, "micro_batch": 4, "global_batch": 8, "steps": 100},
+                  {"seq_len": 32, "micro_batch": 2, "global_batch": 4, "steps": 8}),
+    "speed": ({"seq_len": 2048, "micro_batch": "auto", "global_batch": 32, "steps": 5, "warmup": 2},
+              {"seq_len": 64, "micro_batch": "auto", "global_batch": 8, "steps": 2, "warmup": 1}),
+    "resume": ({"seq_len": 512, "micro_batch": 4, "global_batch": 8, "steps": 12},
+               {"seq_len": 32, "micro_batch": 2, "global_batch": 4, "steps": 4}),
+    "trainer": ({"seq_len": 2048, "micro_batch": 8, "global_batch": 32, "steps": 12, "warmup": 3},
+                {"seq_len": 64, "micro_batch": 2, "global_batch": 4, "steps": 4, "warmup": 1}),
+}
+SMOKE_MODEL = {"n_layers": 2, "hidden": 64, "n_heads": 4, "n_kv_heads": 2, "ffn": 128, "vocab_size": 4096}
+DATA_VOCAB = 256  # synthetic tokens are uniform below this
+FALL_NATS = (1.0, 0.1)  # the loss must fall at least this much (GPU, smoke) from the first to the last quarter
+RESUME_RTOL = 1e-3  # without train.deterministic, each step's loss within this relative difference
+MFU_TARGET, TRAINER_TARGET = 0.40, 1.0
+
+
+# ------------------------------------------------------------------------------------- in a case process
+
+
+def case_config(args, name: str, extra: list[str] = ()):
+    from baton.config import load_config
+
+    group, overrides = CASES[name]
+    size = SIZES[group][1 if args.smoke else 0]
+    ref = load_config(ROOT / "configs" / "ref-106m.toml").model
+    settings = {"model.attn": "sdpa", "model.grad_ckpt": "false", "train.compile": "false",
+                "train.fused_ce": "false", "train.precision": "auto"}
+    if group == "precision":  # the T4 path of the reference config
+        settings.update({"model.attn": ref.attn, "model.grad_ckpt": str(ref.grad_ckpt).lower()})
+    if group == "trainer":  # the Trainer autocasts to bf16 or fp16 only when told which
+        settings["train.precision"] = "fp32" if args.smoke else "bf16"
+    case_dir = Path(args.work) / "cases" / name
+    mb = size["micro_batch"]
+    sets = [f"{k}={v}" for k, v in settings.items()] + [
+        f"run.name={name}", f"run.local_dir={case_dir / 'runs'}", f"store.url={case_dir / 'store'}",
+        f"data.seq_len={size['seq_len']}", f"model.max_seq_len={max(256, size['seq_len'])}",
+        f"train.micro_batch={mb if mb == 'auto' else int(mb)}", f"train.global_batch={size['global_batch']}",
+        f"train.steps={1000 if group == 'speed' else size['steps']}", f"optim.warmup_steps={2 if args.smoke else 10}",
+        f"train.device={'cpu' if args.smoke else 'cuda'}", f"train.threads={1 if args.smoke else 0}",
+        *overrides, *extra]
+    return load_config(Path(args.work) / "check.toml", sets), size, case_dir
+
+
+def peak_memory(device) -> int | None:
+    import torch
+
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+
+
+def run_precision(args, name: str) -> dict:
+    from baton.loop import train_step
+    from baton.session.core import Session
+
+    cfg, size, _ = case_config(args, name)
+    s = Session(cfg, resume="never", progress=False)
+    losses, skipped = [], 0
+    try:
+        for step in range(size["steps"]):
+            m = train_step(s, step)
+            s.record(step + 1, m)
+            skipped += m["skipped"]
+            if not m["skipped"]:
+                losses.append(m["loss"])
+        scaler_on, scale = s.scaler.is_enabled(), (s.scaler.get_scale() if s.scaler.is_enabled() else None)
+    finally:
+        s.close()
+    q = max(1, len(losses) // 4)
+    first, last = statistics.mean(losses[:q]), statistics.mean(losses[-q:])
+    finite = all(math.isfinite(x) for x in losses) and len(losses) > 0
+    fall = FALL_NATS[1 if args.smoke else 0]
+    checks = {"finite": finite, "falling": finite and first - last >= fall,
+              "scaler_live_exactly_when_fp16": scaler_on == (cfg.train.precision == "fp16")}
+    return {"precision": cfg.train.precision, "attn": cfg.model.attn, "grad_ckpt": cfg.model.grad_ckpt,
+            "steps": size["steps"], "skipped_steps": skipped, "loss_first_quarter": first,
+            "loss_last_quarter": last, "scaler_enabled": scaler_on, "scaler_scale": scale,
+            "peak_memory_allocated": peak_memory(s.device), "checks": checks,
+            "note": f"loss {first:.2f} -> {last:.2f}, {skipped} skipped, scaler "
+                    f"{'on, scale ' + format(scale, 'g') if scaler_on else 'off'}"}
+
+
+def run_speed(args, name: str) -> dict:
+    from baton.loop import train_step
+    from baton.session.core import Session
+
+    cfg, size, _ = case_config(args, name)
+    t0 = time.perf_counter()
+    s = Session(cfg, resume="never", progress=False)
+    setup = time.perf_counter() - t0
+    times, first = [], None
+    try:
+        for step in range(size["warmup"] + size["steps"]):
+            t = time.perf_counter()
+            m = train_step(s, step)  # ends in a host sync (loss, gradient norm): the wall time is the step's
+            dt = time.perf_counter() - t
+            first = dt if first is None else first  # compilation happens in the first step
+            s.record(step + 1, m)
+            if step >= size["warmup"]:
+                times.append(dt)
+    finally:
+        s.close()
+    tok_s = cfg.tokens_per_step / statistics.median(times)
+    probe = s.perf_notes.get("micro_batch_probe")
+    out = {"precision": cfg.train.precision, "attn": cfg.model.attn, "compile": cfg.train.compile,
+           "grad_ckpt": cfg.model.grad_ckpt, "fused_ce": cfg.train.fused_ce, "micro_batch": cfg.train.micro_batch,
+           "accumulation": s.accum, "micro_batch_probe": probe, "tokens_per_step": cfg.tokens_per_step,
+           "steps_measured": len(times), "step_seconds_median": statistics.median(times),
+           "first_step_seconds": first, "setup_seconds": setup, "tokens_per_s": tok_s, "mfu": s.flops.mfu(tok_s),
+           "device": s.flops.device_name, "peak_tflops": (s.flops.peak_per_device or 0) / 1e12 or None,
+           "peak_memory_allocated": peak_memory(s.device)}
+    out["note"] = f"first step {first:.1f} s"
+    return out
+
+
+def final_state(store: Path, run: str) -> dict:
+    from safetensors.torch import load_file
+
+    pointer = json.loads((store / run / "latest.json").read_text())
+    folder = store / run / pointer["path"]
+    return {**{f"model.{k}": v for k, v in load_file(str(folder / "model.safetensors")).items()},
+            **{f"optim.{k}": v for k, v in load_file(str(folder / "optimizer.safetensors")).items()},
+            "step": pointer["step"]}
+
+
+def losses(run_dir: Path) -> list[float]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [r["loss"] for r in sorted(rows, key=lambda r: r["step"])]
+
+
+def run_resume(args, name: str) -> dict:
+    """Uninterrupted, then stopped at half, wiped, resumed from the store and finished; compared."""
+    import torch
+
+    from baton.loop import run
+
+    straight, size, case_dir = case_config(args, name, ["run.name=straight"])
+    run(straight, resume="never", progress=False)
+    halted, *_ = case_config(args, name, ["run.name=halted"])
+    run(halted, resume="never", stop_after=size["steps"] // 2, progress=False)
+    shutil.rmtree(halted.run_dir)  # the session's machine is gone: only the store remains
+    resumed, *_ = case_config(args, name, ["run.name=halted"])  # run() resolves "auto" in place: a fresh config
+    run(resumed, resume="auto", progress=False)
+
+    a, b = final_state(case_dir / "store", "straight"), final_state(case_dir / "store", "halted")
+    la, lb = losses(straight.run_dir), losses(resumed.run_dir)
+    same_tensors = a.keys() == b.keys() and all(
+        torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
+    same_losses = la == lb  # exact float equality: bit-identical traces
+    rel = max((abs(x - y) / abs(x) for x, y in zip(la, lb)), default=math.inf) if len(la) == len(lb) else math.inf
+    identical = same_tensors and same_losses and a["step"] == size["steps"]
+    deterministic = bool(resumed.train.deterministic)
+    checks = {"bit_identical": identical} if deterministic else {"loss_within_rtol": rel <= RESUME_RTOL}
+    return {"precision": resumed.train.precision, "attn": resumed.model.attn, "deterministic": deterministic,
+            "steps": size["steps"], "stopped_at": size["steps"] // 2, "bit_identical": identical,
+            "loss_max_rel_diff": rel, "rtol": None if deterministic else RESUME_RTOL, "checks": checks,
+            "note": ("bit-identical" if identical else "NOT bit-identical") + f", max rel. loss diff {rel:.1e}"
+                    + ("" if deterministic else f" (tolerance {RESUME_RTOL:g})")}
+
+
+def run_trainer(args, name: str) -> dict:
+    from bench_vs_hf_trainer import race
+
+    cfg, size, case_dir = case_config(args, name)
+    r = race(cfg, case_dir, size["warmup"] + size["steps"], size["warmup"], progress=False)
+    return {"precision": cfg.train.precision, "attn": cfg.model.attn, "compile": cfg.train.compile,
+            "micro_batch": cfg.train.micro_batch, "accumulation": cfg.train.global_batch // cfg.train.micro_batch,
+            "tokens_per_s": r["baton_tokens_per_s"], "hf_tokens_per_s": r["hf_tokens_per_s"],
+            "ratio": r["ratio"], "pair_ratio_median": r["pair_ratio_median"],
+            "note": f"Trainer {r['hf_tokens_per_s']:,.0f} tok/s; baton / Trainer = {r['ratio']:.3f}"}
+
+
+RUNNERS = {"precision": run_precision, "speed": run_speed, "resume": run_resume, "trainer": run_trainer}
+
+
+def case_main(args) -> None:
+    logging.getLogger("baton").setLevel(logging.WARNING)
+    shutil.rmtree(Path(args.work) / "cases" / args.case, ignore_errors=True)
+    from baton.errors import ConfigError
+
+    try:
+        result = RUNNERS[CASES[args.case][0]](args, args.case)
+    except ConfigError as e:
+        if args.case not in MAY_REFUSE:
+            raise
+        result = {"refused": str(e)}
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# ----------------------------------------------------------------------------------------- the parent
+
+
+def skip_reason(name: str, smoke: bool) -> str | None:
+    """Why a case cannot run here, decided before its process starts (None: it runs)."""
+    if smoke and name in NEEDS_CUDA:
+        return "no CUDA"
+    if smoke and name == "compile":
+        return "smoke (CPU code generation takes minutes; measured on the GPU)"
+    if name == "trainer" and importlib.util.find_spec("accelerate") is None:
+        return 'accelerate not installed (pip install -e ".[bench]")'
+    return None  # flash2 and fused_ce are decided by baton itself in the case's process (MAY_REFUSE)
+
+
+def run_case(args, name: str, deadline: float) -> dict:
+    group = CASES[name][0]
+    row = {"case": name, "group": group}
+    why = skip_reason(name, args.smoke)
+    if why:
+        return {**row, "status": f"skipped: {why}", "wall_seconds": 0.0}
+    left = deadline - time.monotonic()
+    if left < (5 if args.smoke else 20):
+        return {**row, "status": f"skipped: budget of {args.budget_seconds:g} s spent", "wall_seconds": 0.0}
+    cmd = [sys.executable, __file__, "--case", name, "--work", str(args.work)] + (["--smoke"] if args.smoke else [])
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=left, check=False)
+    except subprocess.TimeoutExpired:
+        return {**row, "status": f"timeout: stopped when the budget of {args.budget_seconds:g} s ran out",
+                "wall_seconds": time.monotonic() - t0}
+    wall = time.monotonic() - t0
+    lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    if p.returncode or not lines:
+        tail = (p.stderr or p.stdout).strip().splitlines()
+        return {**row, "status": "FAILED", "wall_seconds": wall, "error": "\n".join(tail[-30:]),
+                "note": tail[-1][:200] if tail else f"exit {p.returncode}"}
+    r = json.loads(lines[-1][len("RESULT "):])
+    if "refused" in r:
+        return {**row, "status": f"skipped: baton refuses it here: {r['refused']}", "wall_seconds": wall}
+    ok = all(r.get("checks", {}).values())
+    return {**row, "status": "ok" if ok else "CHECK FAILED", "wall_seconds": wall, **r}
+
+
+def derived(rows: dict[str, dict], smoke: bool) -> list[dict]:
+    """Rows that read another case's result: the micro-batch probe (from base) and the verdicts."""
+    out = []
+    base = rows.get("base", {})
+    if base.get("status") == "ok":
+        probe = base.get("micro_batch_probe")
+        tried = ", ".join(f"{t['micro_batch']}{'' if t['fits'] else ' no'}" for t in probe) if probe else \
+            "no probe on CPU (auto = 4 or the largest candidate below)"
+        out.append({"case": "micro_auto", "group": "micro_auto", "status": "ok", "wall_seconds": 0.0,
+                    "micro_batch": base["micro_batch"], "accumulation": base["accumulation"],
+                    "note": f"probe: {tried}; trained {base['steps_measured'] + SIZES['speed'][smoke]['warmup']} "
+                            f"steps at {base['micro_batch']} without running out of memory"})
+    else:
+        out.append({"case": "micro_auto", "group": "micro_auto", "wall_seconds": 0.0,
+                    "status": f"skipped: base {base.get('status', 'not run')}"})
+    return out
+
+
+def fmt(x, spec: str, none: str = "n/a") -> str:
+    return none if x is None else format(x, spec)
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| case | status | wall s | precision | attn | compile | act. ckpt | fused CE | micro x accum | "
+            "tok/s | MFU | peak memory | result |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        mem = r.get("peak_memory_allocated")
+        mxa = f"{r['micro_batch']} x {r['accumulation']}" if "accumulation" in r else ""
+        lines.append("| " + " | ".join([
+            r["case"], r["status"], f"{r['wall_seconds']:.0f}", str(r.get("precision", "")), str(r.get("attn", "")),
+            str(r.get("compile", "")), str(r.get("grad_ckpt", "")), str(r.get("fused_ce", "")), mxa,
+            fmt(r.get("tokens_per_s"), ",.0f", ""), fmt(r.get("mfu"), ".1%", "n/a" if "tokens_per_s" in r else ""),
+            f"{mem / 2**30:.1f} GiB" if mem else "", r.get("note", "").replace("|", "/")]) + " |")
+    return "\n".join(lines)
+
+
+def verdicts(rows: dict[str, dict], smoke: bool) -> dict:
+    speed = [r for r in rows.values() if r["group"] == "speed" and r["status"] == "ok" and r.get("mfu") is not None]
+    best = max(speed, key=lambda r: r["mfu"], default=None)
+    trainer = rows.get("trainer", {})
+    v = {"best_mfu": best["mfu"] if best else None, "best_mfu_case": best["case"] if best else None,
+         "mfu_target": MFU_TARGET, "mfu_target_met": (best["mfu"] >= MFU_TARGET) if best else None,
+         "trainer_ratio": trainer.get("ratio"), "trainer_target": TRAINER_TARGET,
+         "trainer_target_met": trainer["ratio"] >= TRAINER_TARGET if trainer.get("status") == "ok" else None}
+    if smoke:  # nothing is measured on CPU: the targets are for the GPU
+        v["mfu_target_met"] = v["trainer_target_met"] = None
+    return v
+
+
+def parent_main(args) -> int:
+    t_start = time.monotonic()
+    deadline = t_start + args.budget_seconds
+    work = Path(args.work)
+    names = args.cases.split(",") if args.cases else list(CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        raise SystemExit(f"unknown case(s) {', '.join(unknown)} (known: {', '.join(CASES)})")
+    template = write_config(work, "template", shape="test", data_dir=work / "template-data", max_bytes=120_000)
+    prepare_data(template)  # a real tokenizer and manifest layout; the tokens below are synthetic
+    need = max(s[1 if args.smoke else 0]["global_batch"] * s[1 if args.smoke else 0]["seq_len"] *
+               (s[1 if args.smoke else 0]["steps"] + s[1 if args.smoke else 0].get("warmup", 0) + 2)
+               for s in SIZES.values())
+    data = synthetic_corpus(work / "data", work / "template-data", 2 * need + 65_536, vocab=DATA_VOCAB)
+    from baton.config import load_config
+
+    ref = load_config(ROOT / "configs" / "ref-106m.toml").model
+    model = SMOKE_MODEL if args.smoke else {k: getattr(ref, k) for k in SMOKE_MODEL}
+    write_config(work, "check", shape="test", data_dir=data, **model)
+    print(f"# gpu_check{' --smoke' if args.smoke else ''}: {machine()}", flush=True)
+
+    rows: dict[str, dict] = {}
+
+    def one(name: str) -> dict:
+        r = run_case(args, name, deadline)
+        print(f"{name}: {r['status']} ({r['wall_seconds']:.0f} s) {r.get('note', '')}", flush=True)
+        return r
+
+    # One GPU: one case at a time. On CPU (smoke) the cases may share the cores.
+    with ThreadPoolExecutor(max_workers=args.jobs if args.smoke else 1) as pool:
+        for name, r in zip(names, pool.map(one, names)):
+            rows[name] = r
+    all_rows = list(rows.values()) + derived(rows, args.smoke)
+    wall = time.monotonic() - t_start
+    v = verdicts(rows, args.smoke)
+    device = next((r["device"] for r in rows.values() if r.get("device")), "cpu" if args.smoke else "cuda")
+    print(f"\n## gpu_check: {device}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, total {wall:.0f} s\n")
+    print(table(all_rows))
+    mfu = v["best_mfu"]
+    print(f"\nbest MFU {fmt(mfu, '.1%')} ({v['best_mfu_case'] or 'none'}), target >= {MFU_TARGET:.0%}: "
+          f"{'n/a' if v['mfu_target_met'] is None else 'OK' if v['mfu_target_met'] else 'MISSED'}")
+    print(f"baton / Trainer tokens/s {fmt(v['trainer_ratio'], '.3f')}, target >= {TRAINER_TARGET}: "
+          f"{'n/a' if v['trainer_target_met'] is None else 'OK' if v['trainer_target_met'] else 'MISSED'}")
+    failed = [r["case"] for r in all_rows
+              if r["status"] in ("FAILED", "CHECK FAILED") or r["status"].startswith("timeout")]
+    out = Path(args.out) if args.out else Path(os.environ.get("OUT") or work) / "gpu_check.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": machine(), "device": device, "smoke": args.smoke,
+                               "command": " ".join([Path(sys.executable).name, *sys.argv]),
+                               "budget_seconds": args.budget_seconds, "wall_seconds": wall, "verdicts": v,
+                               "failed": failed, "cases": all_rows}, indent=1))
+    print(f"wrote {out}" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="a tiny shape on CPU: checks the flow, measures nothing")
+    ap.add_argument("--out", help="JSON results file (default $OUT/gpu_check.json, else <work>/gpu_check.json)")
+    ap.add_argument("--cases", help=f"comma-separated subset of {','.join(CASES)}")
+    ap.add_argument("--budget-seconds", type=float, default=None,
+                    help="no case starts after this; a running case is stopped (default 330, smoke 600)")
+    ap.add_argument("--jobs", type=int, default=2, help="smoke only: cases run side by side on the CPU")
+    ap.add_argument("--work", default=None, help="working folder (default $BATON_BENCH_DIR/gpu-check)")
+    ap.add_argument("--case", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.work = Path(args.work or default_work_dir() / ("gpu-check-smoke" if args.smoke else "gpu-check")).resolve()
+    if args.budget_seconds is None:
+        args.budget_seconds = 600.0 if args.smoke else 330.0
+    if args.case:
+        case_main(args)
+        return
+    if not args.smoke:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("gpu_check: no CUDA GPU is visible (run with --smoke to check the flow on CPU)")
+    sys.exit(parent_main(args))
+
+
+if __name__ == "__main__":
+    main()

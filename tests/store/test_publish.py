@@ -1,0 +1,284 @@
+"""Publishing a run as a Hugging Face model repository on the local Hub server, read back with the unmodified
+client: the model at the root loads and generates, the card parses and carries the run's numbers, an
+interrupted publish is finished by a rerun without ever showing a card over unverified files, and bad input
+stops before any upload. `baton eval --step N` scores any verified checkpoint as the run scored it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import ModelCard, snapshot_download
+
+from support.helpers import write_config
+from support.store_backends import FAST_RETRY, HubBackend
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+               "loss_curve.png"}
+
+
+def hub_env(b: HubBackend) -> dict[str, str]:
+    return {"HF_ENDPOINT": b.proxy.url, "HF_TOKEN": b.hub.token, "HF_HUB_DISABLE_XET": "1"}
+
+
+def cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "baton.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          check=False, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory, prepared_data, hub_server):
+    """One 20-step run with publish.url on the Hub server and publish.every=10: checkpoints 10 and 20 kept."""
+    base = tmp_path_factory.mktemp("published")
+    b = HubBackend(hub_server, FAST_RETRY)
+    cfg = write_config(base / "cfg.toml", data_dir=prepared_data, store=base / "store", runs=base / "runs")
+    r = cli("train", "-c", str(cfg), "--no-progress", "--set", "train.ckpt_every=10", "--set", "store.keep_last=4",
+            "--set", f"publish.url=hf://{b.repo}", "--set", "publish.every=10", env=hub_env(b))
+    assert r.returncode == 0, r.stderr
+    yield b, cfg, base
+    b.close()
+
+
+def download(b: HubBackend, dest: Path, revision: str | None = None) -> Path:
+    return Path(snapshot_download(b.repo, endpoint=b.hub.url, token=b.hub.token, revision=revision,
+                                  cache_dir=dest / "cache", local_dir=dest / "model"))
+
+
+def results(card: ModelCard) -> dict[tuple[str, str], float]:
+    return {(r.dataset_type, r.metric_type): r.metric_value for r in card.data.eval_results}
+
+
+def test_horizon_publishes_a_loadable_model_whose_card_holds_the_run(published, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+    b, _, base = published
+    summary = json.loads((base / "runs" / "test" / "run_summary.json").read_text())
+    folder = download(b, tmp_path)
+    assert MODEL_FILES | {"README.md"} <= {p.name for p in folder.iterdir()}
+    tok = AutoTokenizer.from_pretrained(folder)
+    assert tok.eos_token == "<|endoftext|>"
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    assert sum(p.numel() for p in model.parameters()) == summary["params"]
+    out = pipeline("text-generation", model=str(folder))("def ", max_new_tokens=8, do_sample=False)
+    assert out[0]["generated_text"].startswith("def ") and len(out[0]["generated_text"]) > 4
+
+    card = ModelCard.load(folder / "README.md")
+    assert card.data.library_name == "transformers" and card.data.license == "apache-2.0"
+    assert "baton" in card.data.tags
+    record = json.loads((base / "store" / "test" / "eval" / "20.json").read_text())
+    got = results(card)
+    assert abs(got[("baton-heldout", "loss")] - summary["val_loss"]) < 1e-6
+    assert got[("baton-heldout", "bits_per_byte")] == round(record["heldout"]["bits_per_byte"], 6)
+    assert record["tokens_seen"] == summary["tokens_consumed"]
+    for number in (f"{summary['params']:,}", f"{summary['tokens_consumed']:,}"):
+        assert number in card.text
+    manifest = json.loads((Path(summary["config"]["data"]["dir"]) / "manifest.json").read_text())
+    assert manifest["fingerprint"] in card.text and "![training loss](loss_curve.png)" in card.text
+
+    # publish.every=10: step 10 is the branch step-10, with its own card
+    branch = download(b, tmp_path / "rev", revision="step-10")
+    card10 = ModelCard.load(branch / "README.md")
+    assert "step 10" in card10.text and MODEL_FILES <= {p.name for p in branch.iterdir()}
+    assert b.hub.read(b.repo, "model.safetensors", "step-10") != b.hub.read(b.repo, "model.safetensors")
+
+
+def test_eval_of_any_verified_step_scores_as_the_run_did(published, tmp_path):
+    """eval --step 20 gives the run's own final held-out loss; eval --step 10 gives what transformers computes on
+    the export of step 10 over the same windows (to 1e-4)."""
+    from transformers import AutoModelForCausalLM
+
+    from baton.config import load_config
+    from baton.data.reader import WindowDataset
+    from baton.evaluate.run import run_eval
+    from baton.model.export import export_run
+
+    _, cfg, base = published
+    summary = json.loads((base / "runs" / "test" / "run_summary.json").read_text())
+    c = load_config(cfg)
+    final, _ = run_eval(c, step=20, files=[], tasks=[])
+    assert abs(final["heldout"]["loss"] - summary["val_loss"]) < 1e-4
+    early, key = run_eval(c, step=10, files=[], tasks=[])
+    assert key == "test/eval/10.json" and json.loads((base / "store" / key).read_text()) == early
+
+    out = export_run(c, "store", tmp_path / "step10", step=10)
+    assert json.loads((out / "baton.json").read_text())["step"] == 10
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    ds = WindowDataset(c.data.dir, c.data.seq_len, c.data.shuffle_seed, c.data.val_windows)
+    with torch.no_grad():
+        losses = [float(model(input_ids=r[None], labels=r[None]).loss) for r in ds.rows(ds.val_window_ids())]
+    assert abs(sum(losses) / len(losses) - early["heldout"]["loss"]) < 1e-4
+    assert early["heldout"]["loss"] > final["heldout"]["loss"]
+
+    # Any store is a target: a local folder, the revision a folder step-10/ in it, the card from the same record.
+    from baton.release.publish import publish
+
+    out = publish(load_config(cfg, [f"publish.url={tmp_path / 'pub'}"]), 10, "step-10")
+    folder = tmp_path / "pub" / "step-10"
+    assert out["card"] == "step-10/README.md" and MODEL_FILES | {"README.md"} == {p.name for p in folder.iterdir()}
+    card = ModelCard.load(folder / "README.md")
+    assert results(card)[("baton-heldout", "loss")] == round(early["heldout"]["loss"], 6)
+    assert AutoModelForCausalLM.from_pretrained(folder).config.num_hidden_layers == c.model.n_layers
+
+
+def store_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+def test_interrupted_publish_is_finished_by_a_rerun(published, hub_server, tmp_path):
+    """SIGKILL after the files are verified, before the card; then a store failing mid-upload of a new step over
+    a published one: no card is ever shown over files it does not name, a rerun finishes, the store is untouched."""
+    from baton.config import load_config
+    from baton.errors import StoreError
+    from baton.release.publish import publish
+
+    _, cfg, base = published
+    b = HubBackend(hub_server, FAST_RETRY)
+    try:
+        env = hub_env(b)
+        before = store_digest(base / "store" / "test")
+        trace = tmp_path / "trace"
+        proc = subprocess.Popen([sys.executable, "-m", "baton.cli", "publish", "-c", str(cfg), "--step", "10",
+                                 "--set", f"publish.url=hf://{b.repo}"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, **env, "BATON_FAULT_TRACE": str(trace),
+                                     "BATON_FAULT_PAUSE": "publish.card=60"})
+        deadline = time.time() + 120
+        while not (trace.is_file() and "publish.card" in trace.read_text()):
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.time() < deadline
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+        files = b.hub.files(b.repo)
+        assert MODEL_FILES <= set(files) and "README.md" not in files
+
+        os.environ.update(env)  # the client reads the endpoint and token from the environment, as in production
+        c = load_config(cfg, [f"publish.url=hf://{b.repo}", "store.retries=2", "store.retry_seconds=1"])
+        assert publish(c, 10)["step"] == 10
+        assert "step 10" in b.hub.read(b.repo, "README.md").decode()
+        ten = b.hub.read(b.repo, "model.safetensors")
+
+        # Step 20 over the published step 10, with the store failing the files' commit: the old card goes
+        # first, so the root never shows step 10's card over step 20's files, nor a card over unverified ones.
+        commits: list[str] = []
+
+        def upload_commit(method: str, path: str) -> bool:  # the card's removal is commit 1; the files' is 2
+            if method == "POST" and "/commit/" in path:
+                commits.append(path)
+                return len(commits) > 1
+            return False
+
+        b.fault("status", status=507, match=upload_commit)  # a full store: retried by baton, not by the client
+        with pytest.raises(StoreError):
+            publish(c, 20)
+        assert "README.md" not in b.hub.files(b.repo) and b.hub.read(b.repo, "model.safetensors") == ten
+        b.clear_faults()
+        out = publish(c, 20)
+        assert out["step"] == 20 and "step 20" in b.hub.read(b.repo, "README.md").decode()
+        assert b.hub.read(b.repo, "model.safetensors") != ten
+        assert store_digest(base / "store" / "test") == before
+    finally:
+        for k in ("HF_ENDPOINT", "HF_TOKEN"):
+            os.environ.pop(k, None)
+        b.close()
+
+
+def test_bad_publish_input_is_one_line_before_any_upload(published, hub_server, tmp_path, monkeypatch):
+    from baton.config import load_config
+    from baton.errors import BatonError
+    from baton.evaluate.run import run_eval
+    from baton.model.export import export_run
+    from baton.release.publish import publish
+
+    _, cfg, _ = published
+    b = HubBackend(hub_server, FAST_RETRY)
+    try:
+        for k, v in hub_env(b).items():
+            monkeypatch.setenv(k, v)
+        url = f"publish.url=hf://{b.repo}"
+        r = cli("publish", "-c", str(cfg), "--set", url, "--step", "7", env=hub_env(b))
+        assert r.returncode == 2 and r.stderr.strip() == (
+            f"baton: error: step 7 is not a verified checkpoint of run 'test' in local store {cfg.parent / 'store'} "
+            "(verified there: 10, 20; `baton status` lists them)")
+        r = cli("train", "-c", str(cfg), "--set", url, "--set", f"eval.files=['{tmp_path / 'missing.txt'}']",
+                "--set", "train.steps=30", env=hub_env(b))  # said before training, not at the horizon's publish
+        assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+            f"baton: error: eval file {tmp_path / 'missing.txt'} not found (fix eval.files or --files)"]
+        c = load_config(cfg, [url])
+        cases = [
+            (lambda: publish(load_config(cfg, ["publish.url=hf://baton-test/no-such-repo"])), "was not found"),
+            (lambda: load_config(cfg, ["publish.url=ftp://host/m"]), "publish.url ftp:// is not supported"),
+            (lambda: publish(c, 7), "step 7 is not a verified checkpoint"),
+            (lambda: run_eval(c, 7, [], []), "step 7 is not a verified checkpoint"),
+            (lambda: export_run(c, "store", tmp_path / "x", 7), "step 7 is not a verified checkpoint"),
+            (lambda: run_eval(c, 20, [str(tmp_path / "missing.txt")], []), "eval file"),
+        ]
+        for fn, said in cases:
+            with pytest.raises(BatonError) as e:
+                fn()
+            assert said in str(e.value) and "\n" not in str(e.value), str(e.value)
+        monkeypatch.setenv("HF_TOKEN", "hf_wrong_token_0123")
+        with pytest.raises(BatonError, match="rejected the token"):
+            publish(c)
+        assert b.hub.files(b.repo) == {} and not any(s.method in ("PUT", "POST") for s in b.proxy.seen)
+        assert not (tmp_path / "x").exists()
+    finally:
+        b.close()
+
+
+TASK_YAML = """task: local_text
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: bits_per_byte
+  - metric: byte_perplexity
+"""
+
+
+def test_lm_eval_on_a_local_task_improves_with_training(published, tmp_path, monkeypatch):
+    """lm-evaluation-harness, offline, on a local loglikelihood_rolling task over a JSONL file: bits per byte
+    are lower at step 20 than at step 10; the same file as an eval file is scored by baton too; an unknown
+    task is refused before anything is pulled."""
+    import textwrap
+
+    from baton.config import load_config
+    from baton.errors import BatonError
+    from baton.evaluate.run import run_eval
+
+    _, cfg, base = published
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    text = Path(textwrap.__file__).read_text()
+    data = tmp_path / "local.jsonl"
+    data.write_text("".join(json.dumps({"text": text[i : i + 600]}) + "\n" for i in range(0, 3000, 600)))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "local_text.yaml").write_text(TASK_YAML.format(data=data))
+    c = load_config(cfg, [f"eval.task_dir={tasks}"])
+    early, _ = run_eval(c, 10, [str(data)], ["local_text"])
+    late, _ = run_eval(c, 20, [str(data)], ["local_text"])
+    # An unknown name makes the harness index all its own tasks first (seconds): asked once, last.
+    with pytest.raises(BatonError, match="lm-eval task.*no_such_task not found"):
+        run_eval(c, 10, [], ["local_text", "no_such_task"])
+    assert early["tasks"]["local_text"]["bits_per_byte"] > late["tasks"]["local_text"]["bits_per_byte"] > 0
+    assert early["files"]["local.jsonl"]["bits_per_byte"] > late["files"]["local.jsonl"]["bits_per_byte"]
+    assert json.loads((base / "store" / "test" / "eval" / "20.json").read_text())["tasks"] == late["tasks"]

@@ -1,0 +1,75 @@
+"""The Python API: the same run as the CLI, bit for bit; the same one-line errors; the declared Python floor."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import baton
+from support.helpers import assert_tensors_equal, read_metrics, store_checkpoint_tensors
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_api_trains_the_same_weights_as_the_cli(make_config, baton_cli, tmp_path):
+    cfg_path = make_config()
+    baton_cli("train", "-c", str(cfg_path), "--set", "run.name=cli", "--set", "train.steps=8", "--no-progress",
+              check=True)
+
+    cfg = baton.load_config(cfg_path, {"run.name": "api", "train.steps": 8})
+    summary = baton.train(cfg, progress=False)
+    assert summary["steps_done"] == 8 and summary["resumed_from_step"] is None
+
+    store = tmp_path / "store"
+    model_cli, optim_cli, p_cli = store_checkpoint_tensors(store, "cli")
+    model_api, optim_api, p_api = store_checkpoint_tensors(store, "api")
+    assert p_cli["step"] == p_api["step"] == 8 and p_cli["complete"] and p_api["complete"]
+    assert_tensors_equal(model_cli, model_api)
+    assert_tensors_equal(optim_cli, optim_api)
+    trace = [(r["step"], r["loss"], r["grad_norm"]) for r in read_metrics(tmp_path / "runs" / "cli")]
+    assert trace == [(r["step"], r["loss"], r["grad_norm"]) for r in read_metrics(tmp_path / "runs" / "api")]
+    assert p_cli["val_loss"] == p_api["val_loss"] == summary["val_loss"]
+
+    st = baton.status(cfg)
+    assert st["pointer_step"] == 8 and st["complete"] and all(c["verified"] for c in st["checkpoints"])
+    out = baton.export(cfg, tmp_path / "exported")
+    assert (out / "model.safetensors").exists() and (out / "config.json").exists()
+    p = baton.plan(cfg, rate=1000, session_hours="1h")
+    assert p["sources"]["start_step"] == "the store's pointer" and "sessions" in p["text"]
+
+
+def test_api_errors_are_the_clis_one_line_messages(make_config, baton_cli):
+    cfg_path = make_config()
+    cases = [
+        (lambda: baton.load_config(cfg_path, {"train.stepz": 3}), ["--set", "train.stepz=3"]),
+        (lambda: baton.train(baton.load_config(cfg_path), stop_after_steps=0), ["--stop-after-steps", "0"]),
+        (lambda: baton.train(baton.load_config(cfg_path), session_hours="soon"), ["--session-hours", "soon"]),
+        (lambda: baton.train(baton.load_config(cfg_path), nproc=3), ["--nproc", "3"]),
+    ]
+    for call, flags in cases:
+        with pytest.raises(baton.BatonError) as e:
+            call()
+        p = baton_cli("train", "-c", str(cfg_path), *flags)
+        assert p.returncode == 2
+        assert p.stderr.strip().splitlines()[-1] == f"baton: error: {e.value}"
+        assert e.value._render_traceback_() == [f"baton: error: {e.value}"]  # what a notebook cell shows
+
+
+def test_import_baton_does_not_import_torch():
+    code = "import sys, baton; baton.load_config(None); assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_vermin_finds_nothing_newer_than_the_declared_python_floor():
+    """pyproject's requires-python is >= 3.10: the package and the examples must not need anything newer."""
+    vermin = shutil.which("vermin", path=str(Path(sys.executable).parent)) or shutil.which("vermin")
+    assert vermin, "vermin is in the test extra"
+    p = subprocess.run([vermin, "--no-tips", "--violations", "-t=3.10-", "baton", "examples"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    minimum = next(line for line in p.stdout.splitlines() if line.startswith("Minimum required versions:"))
+    assert tuple(int(x) for x in minimum.split(":")[1].strip().split(".")) <= (3, 10), minimum

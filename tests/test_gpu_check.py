@@ -1,0 +1,53 @@
+"""benchmarks/gpu_check.py's smoke mode: the whole flow of the GPU proof (a process per case, the table,
+the JSON) on CPU with a 2-layer model, so the script cannot rot between the rare runs on a GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+RUN_ON_CPU = ("fp16", "bf16", "fp32", "base", "resume_det", "resume_nondet", "ckpt", "eager")
+
+
+def test_gpu_check_smoke(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    cmd = [sys.executable, "benchmarks/gpu_check.py", "--smoke", "--out", str(out), "--work", str(tmp_path / "work")]
+    # The timeout only catches a hang: the run takes seconds on a quiet machine, minutes on a loaded one.
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200, check=False,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    res = json.loads(out.read_text())
+    rows = {r["case"]: r for r in res["cases"]}
+    assert res["smoke"] is True and res["failed"] == []
+    for name in RUN_ON_CPU:
+        assert rows[name]["status"] == "ok", rows[name]
+    # Nothing that needs CUDA is passed off as run.
+    for name in ("flash2", "fused_ce", "compile_fused"):
+        assert rows[name]["status"] == "skipped: no CUDA"
+    assert rows["compile"]["status"].startswith("skipped: smoke")
+    trainer = "ok" if importlib.util.find_spec("accelerate") else "skipped: accelerate not installed"
+    assert rows["trainer"]["status"].startswith(trainer)
+    # Precision: the GradScaler exactly for fp16, losses finite and falling.
+    for name in ("fp16", "bf16", "fp32"):
+        r = rows[name]
+        assert r["precision"] == name and r["scaler_enabled"] == (name == "fp16")
+        assert r["checks"] == {"finite": True, "falling": True, "scaler_live_exactly_when_fp16": True}
+        assert r["loss_last_quarter"] < r["loss_first_quarter"]
+    # Resume: with train.deterministic bit-identical (on CPU without it too).
+    assert rows["resume_det"]["deterministic"] is True and rows["resume_det"]["bit_identical"] is True
+    assert rows["resume_nondet"]["deterministic"] is False and rows["resume_nondet"]["checks"]["loss_within_rtol"]
+    # Speed rows measure on CPU but claim no MFU (no peak to divide by), and no target is judged.
+    for name in ("base", "ckpt", "eager"):
+        assert rows[name]["tokens_per_s"] > 0 and rows[name]["mfu"] is None
+    assert rows["ckpt"]["grad_ckpt"] is True and rows["eager"]["attn"] == "eager"
+    assert rows["micro_auto"]["status"] == "ok" and rows["micro_auto"]["micro_batch"] == rows["base"]["micro_batch"]
+    assert res["verdicts"]["mfu_target_met"] is None and res["verdicts"]["trainer_target_met"] is None
+    assert all(r["wall_seconds"] >= 0 for r in res["cases"])
+    # One table with a row per case.
+    for name in rows:
+        assert f"| {name} | {rows[name]['status']} |" in p.stdout
