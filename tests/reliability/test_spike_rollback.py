@@ -11,9 +11,9 @@ import random
 import time
 
 import pytest
-from spiked_corpus import spiked_corpus
 
 from support.helpers import assert_tensors_equal, store_checkpoint_tensors
+from support.spiked_corpus import spiked_corpus
 
 GB = 8  # the test config's global batch
 SPIKE_STEP = 17  # its update (0-based 16) reads stream samples [128, 136), the garbage
