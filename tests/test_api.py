@@ -64,6 +64,22 @@ def test_import_baton_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
+def test_the_api_names_stay_functions_after_every_submodule_is_imported():
+    import importlib
+    import pkgutil
+
+    from baton import api
+
+    modules = [m.name for m in pkgutil.walk_packages(baton.__path__, "baton.")]
+    top = {name.split(".")[1] for name in modules}
+    assert not top & set(baton.__all__), "a submodule would shadow an API name"
+    for name in modules:
+        if not name.endswith("__main__"):
+            importlib.import_module(name)
+    for name in ("load_config", "prepare", "publish_data", "train", "status", "plan", "export"):
+        assert getattr(baton, name) is getattr(api, name)
+
+
 def test_vermin_finds_nothing_newer_than_the_declared_python_floor():
     """pyproject's requires-python is >= 3.10: the package and the examples must not need anything newer."""
     vermin = shutil.which("vermin", path=str(Path(sys.executable).parent)) or shutil.which("vermin")
