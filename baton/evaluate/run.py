@@ -18,6 +18,7 @@ import torch
 from .. import __version__
 from ..config import Config, config_from_dict
 from ..errors import BatonError
+from ..runtime.device import pick_device
 from ..store import Store
 from .heldout import Scorer, file_rows, token_bytes
 
@@ -64,12 +65,6 @@ class Plan:
             self.tm = task_manager(self.tasks, cfg.eval.task_dir)
 
 
-def pick_device(cfg: Config) -> torch.device:
-    from ..runtime.device import pick_device as device_for
-
-    return device_for(cfg.train.device)
-
-
 def evaluate_model(cfg: Config, plan: Plan, model: torch.nn.Module, state: dict[str, Any],
                    export_dir: Path | None) -> dict[str, Any]:
     """The record for ``model`` (the weights of checkpoint ``state``); ``export_dir`` its exported folder,
@@ -78,7 +73,7 @@ def evaluate_model(cfg: Config, plan: Plan, model: torch.nn.Module, state: dict[
     from ..data.tokenize import data_tokenizer, find_eos
 
     saved = config_from_dict(state["config"])
-    device = pick_device(cfg)
+    device = pick_device(cfg.train.device)
     model = model.to(device).eval()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(saved.train.precision)
 
