@@ -154,7 +154,8 @@ def run_precision(args, name: str) -> dict:
             skipped += m["skipped"]
             if not m["skipped"]:
                 losses.append(m["loss"])
-        scaler_on, scale = s.scaler.is_enabled(), (s.scaler.get_scale() if s.scaler.is_enabled() else None)
+        scaler = s.parts.scaler
+        scaler_on, scale = scaler.is_enabled(), (scaler.get_scale() if scaler.is_enabled() else None)
     finally:
         s.close()
     q = max(1, len(losses) // 4)
@@ -166,7 +167,7 @@ def run_precision(args, name: str) -> dict:
     return {"precision": cfg.train.precision, "attn": cfg.model.attn, "grad_ckpt": cfg.model.grad_ckpt,
             "steps": size["steps"], "skipped_steps": skipped, "loss_first_quarter": first,
             "loss_last_quarter": last, "scaler_enabled": scaler_on, "scaler_scale": scale,
-            "peak_memory_allocated": peak_memory(s.device), "checks": checks,
+            "peak_memory_allocated": peak_memory(s.parts.device), "checks": checks,
             "note": f"loss {first:.2f} -> {last:.2f}, {skipped} skipped, scaler "
                     f"{'on, scale ' + format(scale, 'g') if scaler_on else 'off'}"}
 
@@ -192,14 +193,14 @@ def run_speed(args, name: str) -> dict:
     finally:
         s.close()
     tok_s = cfg.tokens_per_step / statistics.median(times)
-    probe = s.perf_notes.get("micro_batch_probe")
+    probe = s.parts.perf_notes.get("micro_batch_probe")
     out = {"precision": cfg.train.precision, "attn": cfg.model.attn, "compile": cfg.train.compile,
            "grad_ckpt": cfg.model.grad_ckpt, "fused_ce": cfg.train.fused_ce, "micro_batch": cfg.train.micro_batch,
-           "accumulation": s.accum, "micro_batch_probe": probe, "tokens_per_step": cfg.tokens_per_step,
+           "accumulation": s.parts.accum, "micro_batch_probe": probe, "tokens_per_step": cfg.tokens_per_step,
            "steps_measured": len(times), "step_seconds_median": statistics.median(times),
-           "first_step_seconds": first, "setup_seconds": setup, "tokens_per_s": tok_s, "mfu": s.flops.mfu(tok_s),
-           "device": s.flops.device_name, "peak_tflops": (s.flops.peak_per_device or 0) / 1e12 or None,
-           "peak_memory_allocated": peak_memory(s.device)}
+           "first_step_seconds": first, "setup_seconds": setup, "tokens_per_s": tok_s, "mfu": s.parts.flops.mfu(tok_s),
+           "device": s.parts.flops.device_name, "peak_tflops": (s.parts.flops.peak_per_device or 0) / 1e12 or None,
+           "peak_memory_allocated": peak_memory(s.parts.device)}
     out["note"] = f"first step {first:.1f} s"
     return out
 

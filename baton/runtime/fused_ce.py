@@ -54,7 +54,7 @@ def head_inputs(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def micro_loss_fn(autocast_dtype: torch.dtype | None) -> Callable:
-    """``loss(model, x, y)`` like ``perf.micro_loss_fn``, with the head fused into the cross-entropy."""
+    """``loss(model, x, y)`` like ``autotune.micro_loss_fn``, with the head fused into the cross-entropy."""
     from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
     fused = LigerFusedLinearCrossEntropyLoss()
