@@ -1,1 +1,2 @@
-"""Checkpoints: their contents (state), the verified push cycle (cycle) and finding them again (resume)."""
+"""Checkpoints: their contents (state), the verified push cycle (cycle), the background push (pusher), reading
+the pointer and pulling (pull), and finding any verified step (select)."""

@@ -1,5 +1,5 @@
-"""Command glue for `baton bench`, `baton plan` and the time budget of `baton train`: flags and config in,
-the computations of ``bench``, ``plan`` and ``ledger`` out, printed as tables or JSON."""
+"""Command glue for `baton bench` and `baton plan`: flags and config in, the computations of ``bench``, ``plan``
+(its inputs from ``views.plan``) and the tripwires out, printed as tables or JSON."""
 
 from __future__ import annotations
 

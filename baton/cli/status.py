@@ -1,5 +1,5 @@
-"""`baton status` and `baton ledger`: what the store holds and what the run has cost, read from the store
-alone (no local state), so any machine can answer."""
+"""`baton status` and `baton ledger`, printed: what the store holds (``views.status``) and what the run has
+cost, read from the store alone (no local state), so any machine can answer."""
 
 from __future__ import annotations
 

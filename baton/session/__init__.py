@@ -1,1 +1,2 @@
-"""One training session: its built parts, its checkpointer, resume, clock and finish."""
+"""One training session: its built parts, train state, checkpointer, resume and what it may change (drift),
+clock and finish; the loss-spike detector and the rollback it may ask for."""
