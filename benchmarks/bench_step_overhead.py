@@ -195,7 +195,7 @@ def instrument(s) -> Parts:
         return wrapper
 
     s.micro_batches = timed_gen("batches", s.micro_batches)
-    for name in ("at_boundary", "stop_requested", "reduce_step"):
+    for name in ("agree", "reduce_step"):
         if hasattr(s, name):
             setattr(s, name, timed(name, getattr(s, name)))
     return parts
