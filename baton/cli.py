@@ -169,6 +169,9 @@ def cmd_train(args) -> int:
     if args.verify is not None:
         args.overrides = [*args.overrides, f"store.verify={args.verify}"]
     cfg = _load(args)
+    from .tracking import check_installed
+
+    check_installed(cfg.log.backends)  # one line before any launch, not one per rank after it
     if args.stop_after_steps is not None and args.stop_after_steps <= 0:
         raise BatonError(f"--stop-after-steps must be a positive step number, got {args.stop_after_steps}")
     if args.nproc < 1:
@@ -193,7 +196,8 @@ def cmd_train(args) -> int:
     from . import dist
 
     dist.shutdown()  # a clean exit leaves no process group behind (NCCL warns, and may hang, otherwise)
-    if summary.get("val_loss") is not None and int(os.environ.get("RANK", 0)) == 0:
+    at_horizon = summary.get("steps_done") == summary.get("total_steps")  # not a periodic validation
+    if at_horizon and summary.get("val_loss") is not None and int(os.environ.get("RANK", 0)) == 0:
         print(f"final validation: loss {summary['val_loss']:.4f}, perplexity {summary['val_ppl']:.2f}")
     return 0
 

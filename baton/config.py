@@ -104,6 +104,8 @@ class TrainConfig:
     max_nonfinite: int = 5  # consecutive skipped (non-finite) steps before the run stops
     parallel: str = "ddp"  # ddp (a replica per rank) | fsdp (fully_shard: weights, grads, moments sharded)
     dist_timeout: int = 600  # seconds a rank waits in a collective before failing (bounds a hang)
+    eval_every: int = 0  # also evaluate the held-out windows every N steps (0 = only at the end of the run)
+    spike_threshold: float = 6.0  # log a loss this many MADs above the median of recent steps as a spike (0 = off)
 
 
 @dataclass
@@ -138,6 +140,18 @@ class BudgetConfig:
 
 
 @dataclass
+class LogConfig:
+    """Where the metrics go besides metrics.jsonl (always written: it travels in every checkpoint)."""
+
+    backends: list[str] = field(default_factory=lambda: ["jsonl"])  # any of jsonl, tensorboard, wandb, mlflow (rank 0 logs)
+    project: str = "baton"  # W&B project; also the MLflow experiment unless log.experiment is set
+    entity: str = ""  # W&B entity (team or user; "" = the account's default)
+    experiment: str = ""  # MLflow experiment name ("" = log.project)
+    run_name: str = ""  # the tracker run's display name ("" = run.name)
+    mlflow_uri: str = ""  # MLflow tracking URI ("" = MLFLOW_TRACKING_URI, else MLflow's default); no credentials
+
+
+@dataclass
 class RunConfig:
     """Names the run; the store prefix and local run directory derive from it."""
 
@@ -154,6 +168,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     # ---- derived quantities (never stored, always recomputed) ----
     @property
@@ -406,6 +421,11 @@ def _semantic_problems(cfg: Config) -> list[str]:
     positive("train.log_every", t.log_every)
     positive("train.max_nonfinite", t.max_nonfinite)
     positive("train.dist_timeout", t.dist_timeout)
+    if t.eval_every is not None and t.eval_every < 0:
+        p.append(f"train.eval_every must be >= 0 (0 = only at the end), got {t.eval_every}")
+    if t.spike_threshold is not None and t.spike_threshold < 0:
+        p.append(f"train.spike_threshold must be >= 0 (0 = off), got {t.spike_threshold}")
+    p.extend(_log_problems(cfg.log))
     if t.parallel not in PARALLEL:
         p.append(f"train.parallel={t.parallel!r} is not one of {', '.join(PARALLEL)}")
     elif t.parallel == "fsdp" and t.precision == "fp16":
@@ -436,6 +456,19 @@ def _semantic_problems(cfg: Config) -> list[str]:
     if not cfg.run.name or "/" in cfg.run.name or cfg.run.name in (".", ".."):
         p.append(f"run.name={cfg.run.name!r} must be a plain name without '/'")
     return p
+
+
+def _log_problems(lg: LogConfig) -> list[str]:
+    from .tracking.names import BACKENDS
+
+    out = [f"log.backends: {b!r} is not one of {', '.join(BACKENDS)}" for b in lg.backends or []
+           if b not in BACKENDS]
+    if len(set(lg.backends or [])) != len(lg.backends or []):
+        out.append(f"log.backends lists a backend twice: {lg.backends}")
+    if lg.mlflow_uri and _url_has_credentials(lg.mlflow_uri):
+        out.append("log.mlflow_uri must not carry credentials (user:password@); set MLFLOW_TRACKING_USERNAME / "
+                   "MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN in the environment instead")
+    return out
 
 
 def _budget_text_problems(b: BudgetConfig) -> list[str]:

@@ -74,6 +74,8 @@ def train(s: Session) -> dict[str, Any]:
         m = train_step(s, step)
         track_nonfinite(s, m, step)
         step += 1
+        if s.eval_due(step):  # its values go in this step's metrics row
+            m.update(finishing.validate(s, step))
         s.record(step, m)
         # A checkpoint due in a run of non-finite steps waits for a finite one, so the pointer keeps
         # naming the state from before the trouble.
@@ -84,6 +86,8 @@ def train(s: Session) -> dict[str, Any]:
         s.checkpoint(step)
     if step == s.total_steps:
         finishing.finish(s)
+        if s.trackers is not None and s.val:
+            s.trackers.final(step, s.val)
     tokens = (step - start) * s.cfg.train.global_batch * s.cfg.data.seq_len
     summary = finishing.summary(s, tokens / elapsed if elapsed > 0 and tokens else 0.0)
     finishing.write_summary(s, summary)
