@@ -19,6 +19,8 @@ class Backend(Protocol):
     # live: a local sink that resuming rewrites, fed each row as it is made. Not live: an append-only
     # tracker run, fed only rows up to the newest verified checkpoint (see Trackers).
     live: bool
+    # Not live only: whether a row is kept by the tracker once log() returns (else: once close() returns).
+    durable: bool
 
     def start(self, resume_step: int, saved: dict[str, Any]) -> tuple[dict[str, Any], int]:
         """Open (or create) this backend's run. ``saved``: what an earlier session kept in the store for it.

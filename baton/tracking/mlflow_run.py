@@ -16,6 +16,7 @@ BATCH = 1000  # MLflow's limit of metrics per log_batch call
 
 class MlflowBackend:
     name, live = "mlflow", False
+    durable = True  # log_batch returns once the tracking store has written the rows
 
     def __init__(self, cfg):
         self.cfg = cfg

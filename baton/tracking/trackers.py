@@ -7,8 +7,14 @@ or out of order (W&B refuses a step below its newest anyway). The cost is a lag 
 interval; the progress line, metrics.jsonl and TensorBoard stay live (resuming rewrites those).
 
 What the trackers hold is kept in the store beside the run, ``<run>/trackers.json``: each tracker run's
-id and the newest step sent to it. A session on any machine reopens the same tracker runs, sends the
-verified rows they lack from the checkpoint's metrics.jsonl, and carries on from there.
+id and the newest step it is known to hold. A session on any machine reopens the same tracker runs, sends
+the verified rows they lack from the checkpoint's metrics.jsonl, and carries on from there.
+
+"Known to hold": MLflow's client writes before it returns, so a row counts once sent. W&B hands rows to a
+service process that writes (or uploads) them later; a killed machine takes unwritten rows with it, so
+its rows count only once the W&B run was finished cleanly at the end of a session. After a kill, the next
+session sends the rows since then again: those W&B did keep are at or below its newest step and W&B
+drops them (the values are the same: the resume is exact), the lost ones fill the gap.
 """
 
 from __future__ import annotations
@@ -98,7 +104,8 @@ class Trackers:
         for b in self.backends:
             if not b.live:
                 self._send(b, ready)
-                self.state[b.name]["logged_to"] = self.sent[b.name]
+                if getattr(b, "durable", False) and b.name in self.sent:
+                    self.state[b.name]["logged_to"] = self.sent[b.name]
         self._save()
 
     def final(self, step: int, values: dict[str, Any]) -> None:
@@ -114,7 +121,9 @@ class Trackers:
 
     def close(self, complete: bool) -> None:
         for b in self._active():
-            self._guard(b, b.close, complete)
+            if self._guard(b, b.close, complete) and not b.live:
+                self.state[b.name]["logged_to"] = self.sent[b.name]  # a clean close: everything sent is kept
+        self._save()
 
     # -------------------------------------------------------------------------------------------------
     def _active(self) -> list[Backend]:

@@ -6,6 +6,8 @@ WANDB_MODE=offline keeps the run on local disk for a later `wandb sync`.
 
 from __future__ import annotations
 
+import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ from .base import scalars
 
 class WandbBackend:
     name, live = "wandb", False
+    durable = False  # rows are written by W&B's service process later; kept for sure once finish() returns
 
     def __init__(self, cfg, run_dir: Path):
         self.cfg = cfg
@@ -24,11 +27,12 @@ class WandbBackend:
         import wandb  # seconds to import: only when configured
 
         lg = self.cfg.log
-        run_id = saved.get("id") or wandb.util.generate_id()
+        run_id = saved.get("id") or secrets.token_hex(6)  # W&B ids: lowercase letters and digits
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._run = wandb.init(project=lg.project or self.cfg.run.name, entity=lg.entity or None,
                                name=lg.run_name or self.cfg.run.name, id=run_id, resume="allow",
-                               dir=str(self.run_dir), config=self.cfg.to_dict(),
+                               # WANDB_DIR, when set, wins: the offline files may outlive this machine's disk.
+                               dir=None if os.environ.get("WANDB_DIR") else str(self.run_dir), config=self.cfg.to_dict(),
                                settings=wandb.Settings(console="off", silent=True))
         # Online, a resumed W&B run knows its newest step: never send one at or below it (W&B refuses them).
         held = max(int(saved.get("logged_to", 0)), self._run.step - 1 if self._run.resumed else 0)
