@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 
 SPIKE_WINDOW = 100  # recent steps the median and MAD are taken over
-MIN_HISTORY = 16  # steps seen before any judgement (the first steps of a run fall fast, not spike)
+MIN_HISTORY = 8  # steps seen before any judgement
 
 
 @dataclass(frozen=True)
