@@ -224,8 +224,9 @@ class Session:
         now = time.time()
         flags = [self._stop_signal is not None, False, False, False]
         if self.dist.is_main:
+            finished = not self.pusher.in_flight  # read first: the failure check below then sees the final state
             flags[3] = self.pusher.failure() is not None  # a background push failed: stop here, all ranks
-            if not flags[3] and self.pending_push is not None and not self.pusher.in_flight:
+            if finished and not flags[3] and self.pending_push is not None:
                 checkpointing.collect_push(self)  # booked as soon as it is verified: its rows reach the trackers
             flags[1] = self.budget.should_stop(now, final=step + 1 >= self.total_steps, in_flight=self.pusher.in_flight,
                                                evaluates=self.eval_due(step + 1))
