@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from baton.cli import main
 from baton.data.reader import WindowDataset
 from baton.ledger import billed_hours
@@ -17,6 +19,12 @@ def test_report_of_a_three_session_run_marks_sessions_and_spikes(make_config, pr
     common = ["train", "-c", cfg, "--no-progress", "--set", "train.eval_every=5"]
     assert main([*common, "--stop-after-steps", "8"]) == 0
     assert main([*common, "--stop-after-steps", "14"]) == 0
+    # A session that stops before the horizon reports its newest periodic validation.
+    summary = json.loads((runs / "test" / "run_summary.json").read_text())
+    row10 = next(json.loads(x) for x in (runs / "test" / "metrics.jsonl").read_text().splitlines()
+                 if json.loads(x)["step"] == 10)
+    assert (summary["val_step"], summary["val_loss"], summary["val_ppl"]) == (10, row10["val_loss"], row10["val_ppl"])
+    assert summary["eval_seconds_max"] == pytest.approx(row10["eval_seconds"], abs=1e-4)  # its only one
     # The third session trains at a learning rate far too high: its loss jumps, a spike against the recent
     # losses, which the resumed spike watch knows from the checkpoint's metrics.
     assert main([*common, "--set", "optim.lr=0.5"]) == 0
