@@ -120,6 +120,9 @@ def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = N
     spec = launch or LaunchSpec(nproc=nproc)
     if spec.nproc < 1:
         raise BatonError(f"--nproc must be >= 1, got {spec.nproc}")
+    from .tracking import check_installed
+
+    check_installed(cfg.log.backends)  # one line before any launch, not one per rank after it
     if cfg.publish.url and (cfg.eval.files or cfg.eval.tasks):
         from .evaluation import Plan
 
@@ -139,7 +142,8 @@ def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = N
     summary = run(cfg, resume=resume, stop_after=stop_after_steps, progress=progress, deadline=stop_at,
                   started=started, allow_change=allowed)
     dist.shutdown()  # a clean exit leaves no process group behind (NCCL warns, and may hang, otherwise)
-    if summary.get("val_loss") is not None and rank == 0:
+    at_horizon = summary.get("steps_done") == summary.get("total_steps")  # not a periodic validation
+    if at_horizon and summary.get("val_loss") is not None and rank == 0:
         print(f"final validation: loss {summary['val_loss']:.4f}, perplexity {summary['val_ppl']:.2f}")
     return summary
 

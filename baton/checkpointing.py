@@ -106,6 +106,8 @@ def collect_push(s: Session) -> PushResult | None:
     s.budget.observe_checkpoint(seconds, at=t0)
     if s.ledger is not None:
         s.ledger.checkpoint(step, seconds, result.verified, s.budget.stepping_seconds)
+    if s.trackers is not None and result.verified:
+        s.trackers.verified(step)
     s.session_checkpoints.append({"step": step, "samples_consumed": samples, "verified": result.verified,
                                   "seconds": round(result.seconds, 3), "path": result.path})
     log.info("CKPT step %d samples=%d push+verify=%.1fs verified=%s", step, samples, result.seconds,

@@ -141,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a change planned between sessions, applied to every resumed leg: proves the resume "
                         "still reads the same data (or shows that it is refused)")
 
+    p = sub.add_parser("report", help="write report.md and plots of the run so far, from the store alone")
+    _config_args(p)
+    p.add_argument("--out", default=None, help="output folder (default: <run dir>/report)")
+
     p = sub.add_parser("config", help="print the resolved config as JSON, or the reference table")
     _config_args(p, required=False)
     p.add_argument("--reference", action="store_true", help="print every key with its default and meaning")
@@ -335,6 +339,15 @@ def cmd_status(args) -> int:
     return run_status(args, _load(args))
 
 
+def cmd_report(args) -> int:
+    from .report import gather, write_report
+
+    cfg = _load(args)
+    path = write_report(gather(cfg), Path(args.out) if args.out else cfg.run_dir / "report")
+    print(f"report: {path} (plots beside it)")
+    return 0
+
+
 def cmd_preflight(args) -> int:
     from .preflight import parse_stages, run_preflight
 
@@ -356,6 +369,7 @@ COMMANDS = {
     "plan": cmd_plan,
     "ledger": cmd_ledger,
     "status": cmd_status,
+    "report": cmd_report,
     "prepare": cmd_prepare,
     "publish-data": cmd_publish_data,
     "train": cmd_train,

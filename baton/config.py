@@ -123,6 +123,7 @@ class TrainConfig:
     spike_window: int = 50  # recent losses the spike threshold is measured on (no verdict before it is full)
     spike_skip_windows: int = 0  # windows skipped on a rollback, ending with the spiking batch (0 = its global batch)
     max_rollbacks: int = 3  # rollbacks a run may make; one more spike ends the run
+    eval_every: int = 0  # also evaluate the held-out windows every N steps (0 = only at the end of the run)
 
 
 @dataclass
@@ -154,6 +155,18 @@ class BudgetConfig:
     quota_reset: str = ""  # an instant at which the quota resets, recurring every period (e.g. 2026-09-26T00:00Z)
     cap_hours: float = 0.0  # cap on the billed hours of this run, e.g. a budget for tests (0 = none)
     tripwires: list[str] = field(default_factory=list)  # 'RATE: target=0.9B' or 'RATE: micro=8, accum=16'
+
+
+@dataclass
+class LogConfig:
+    """Where the metrics go besides metrics.jsonl (always written: it travels in every checkpoint)."""
+
+    backends: list[str] = field(default_factory=lambda: ["jsonl"])  # any of jsonl, tensorboard, wandb, mlflow (rank 0 logs)
+    project: str = "baton"  # W&B project; also the MLflow experiment unless log.experiment is set
+    entity: str = ""  # W&B entity (team or user; "" = the account's default)
+    experiment: str = ""  # MLflow experiment name ("" = log.project)
+    run_name: str = ""  # the tracker run's display name ("" = run.name)
+    mlflow_uri: str = ""  # MLflow tracking URI ("" = MLFLOW_TRACKING_URI, else MLflow's default); no credentials
 
 
 @dataclass
@@ -197,6 +210,7 @@ class Config:
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     publish: PublishConfig = field(default_factory=PublishConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     # ---- derived quantities (never stored, always recomputed) ----
     @property
@@ -467,6 +481,9 @@ def _semantic_problems(cfg: Config) -> list[str]:
     for k in ("spike_skip_windows", "max_rollbacks"):
         if getattr(t, k) is not None and getattr(t, k) < 0:
             p.append(f"train.{k} must be >= 0, got {getattr(t, k)}")
+    if t.eval_every is not None and t.eval_every < 0:
+        p.append(f"train.eval_every must be >= 0 (0 = only at the end), got {t.eval_every}")
+    p.extend(_log_problems(cfg.log))
     if t.parallel not in PARALLEL:
         p.append(f"train.parallel={t.parallel!r} is not one of {', '.join(PARALLEL)}")
     elif t.parallel == "fsdp" and t.precision == "fp16":
@@ -527,6 +544,19 @@ def _publish_problems(cfg: Config) -> list[str]:
         out.append(f"publish.every must be >= 0, got {cfg.publish.every}")
     if cfg.eval.limit < 0:
         out.append(f"eval.limit must be >= 0, got {cfg.eval.limit}")
+    return out
+
+
+def _log_problems(lg: LogConfig) -> list[str]:
+    from .tracking.names import BACKENDS
+
+    out = [f"log.backends: {b!r} is not one of {', '.join(BACKENDS)}" for b in lg.backends or []
+           if b not in BACKENDS]
+    if len(set(lg.backends or [])) != len(lg.backends or []):
+        out.append(f"log.backends lists a backend twice: {lg.backends}")
+    if lg.mlflow_uri and _url_has_credentials(lg.mlflow_uri):
+        out.append("log.mlflow_uri must not carry credentials (user:password@); set MLFLOW_TRACKING_USERNAME / "
+                   "MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN in the environment instead")
     return out
 
 

@@ -27,8 +27,14 @@ log = logging.getLogger(__name__)
 
 @torch.no_grad()
 def evaluate(s: Session) -> dict[str, float]:
-    """Loss and perplexity over the held-out windows, split across ranks and summed."""
+    """Loss and perplexity over the held-out windows, split across ranks and summed.
+
+    Training may go on after it (``train.eval_every``), so it leaves no trace there: the model back in train
+    mode, the random generators as they were (the model draws none today; a later one with dropout would).
+    """
+    rng = torch.get_rng_state(), (torch.cuda.get_rng_state(s.device) if s.device.type == "cuda" else None)
     if s.device.type == "cuda":
+        s.peak_train = max(s.peak_train, torch.cuda.max_memory_allocated(s.device))  # before the reset below
         torch.cuda.reset_peak_memory_stats(s.device)
     model = getattr(s.model, "module", s.model)
     model.eval()
@@ -47,15 +53,30 @@ def evaluate(s: Session) -> dict[str, float]:
             loss_sum += float(losses.double().sum())
             count += len(chunk)
     model.train()
+    torch.set_rng_state(rng[0])
+    if rng[1] is not None:
+        torch.cuda.set_rng_state(rng[1], s.device)
     loss_sum = dist.total(loss_sum, s.device)
     count = int(dist.total(count, s.device))
     from .session import rss_peak
 
-    s.peak_eval = torch.cuda.max_memory_allocated(s.device) if s.device.type == "cuda" else rss_peak()
+    s.peak_eval = max(s.peak_eval, torch.cuda.max_memory_allocated(s.device) if s.device.type == "cuda" else rss_peak())
     if count == 0:
         return {}
     val_loss = loss_sum / count
     return {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700)), "val_windows": count}
+
+def validate(s: Session, step: int) -> dict[str, float]:
+    """A periodic evaluation during training (``train.eval_every``): its values for the step's metrics row,
+    with its cost in seconds, which the time budget counts before the next one."""
+    t0 = time.perf_counter()
+    val = evaluate(s)
+    seconds = time.perf_counter() - t0
+    s.budget.observe_eval(seconds)
+    if val:
+        s.val = {**val, "val_step": step}
+    return {**val, "eval_seconds": round(seconds, 4)} if val else {}
+
 
 def finish(s: Session) -> None:
     """At the horizon: final evaluation, export, push the export, and mark the run complete."""
@@ -115,6 +136,9 @@ def summary(s: Session, tokens_per_s: float) -> dict[str, Any]:
         "final_train_loss": s.stats.last_loss,
         "val_loss": (s.val or {}).get("val_loss"),
         "val_ppl": (s.val or {}).get("val_ppl"),
+        # The step of that validation: the horizon's, or the newest periodic one (train.eval_every).
+        "val_step": (s.val or {}).get("val_step", s.step if s.val else None),
+        "eval_seconds_max": s.budget.eval_max,
         "tokens_per_s": tokens_per_s,
         **s.flops.summary(tokens_per_s),
         "precision": s.cfg.train.precision,

@@ -39,13 +39,17 @@ def judge(s: Session, step: int, m: dict[str, Any]) -> Spike | None:
     spike = s.spikes.observe(step, m["loss"])
     if spike is None:
         return None
-    m["spike"] = round(spike.score, 2)
+    gb = s.cfg.train.global_batch
+    # The windows of the batch that made this step: the data cursor names them exactly.
+    windows = s.data.train_window_ids((step - 1) * gb, gb).tolist()
+    m.update(spike_score=round(spike.score, 3), spike_windows=windows)
     policy = s.cfg.train.spike_policy
     if policy == "stop":
         raise SpikeStop(f"{spike.describe()}; train.spike_policy='stop' ended the run before checkpointing it. "
                         f"{_pointer_note(s)} (inspect the data read at step {step}, or resume with "
                         "train.spike_policy='rollback' to skip it, or 'log' to train through it)")
-    log.warning("loss spike: %s (train.spike_threshold=%g)", spike.describe(), s.cfg.train.spike_threshold)
+    log.warning("loss spike: %s (train.spike_threshold=%g); the batch's windows: %s", spike.describe(),
+                s.cfg.train.spike_threshold, windows)
     return spike if policy == "rollback" else None
 
 
@@ -98,9 +102,8 @@ def _reload(s: Session) -> None:
     from .session import adamw
 
     cfg = s.cfg
-    if s._metrics_file is not None:  # the resume rewrites metrics.jsonl from the checkpoint's copy
-        s._metrics_file.close()
-        s._metrics_file = None
+    if s.trackers is not None:  # the resume rewrites metrics.jsonl from the checkpoint's copy
+        s.trackers.rewind(s.last_checkpoint_step)
     s.model = build_model(cfg.model, s.device, seed=cfg.train.seed)
     s.optimizer = adamw(s.model, cfg, s.device)
     s.scaler = torch.amp.GradScaler(s.device.type, enabled=cfg.train.precision == "fp16")

@@ -8,14 +8,12 @@ decision that ends the session (stop step, signal, failed push) is agreed by all
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import resource
 import signal
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -54,6 +52,9 @@ class Session:
                  deadline: float | None = None, started: float | None = None,
                  allow_change: tuple[str, ...] = ()):
         self.cfg = cfg
+        from .tracking import check_installed
+
+        check_installed(cfg.log.backends)  # a missing tracker package fails now, not after the first hour
         self.allow_change = frozenset(allow_change)  # keys a resume may change on purpose (baton.drift)
         self.resume_mode = resume
         self.progress_enabled = progress
@@ -141,8 +142,16 @@ class Session:
                                                         lambda m: adamw(m, cfg, self.device))
         self._batch_rows = torch.zeros(cfg.train.global_batch, dtype=torch.float64)
         self.metrics_path = self.run_dir / "metrics.jsonl"
-        self._metrics_file = None
-        self._tb = _tensorboard(self.run_dir) if self.dist.is_main else None
+        self.trackers = None
+        if self.dist.is_main:
+            from .tracking import open_trackers
+
+            # Opened after resuming rewrote metrics.jsonl.
+            try:
+                self.trackers = open_trackers(cfg, self.store, self.step, self.metrics_path)
+            except BaseException as e:
+                self.end_ledger(f"failed: {type(e).__name__}: {e}")
+                raise
         self._install_signals()
         self._bar = None
 
@@ -218,8 +227,12 @@ class Session:
         now = time.time()
         flags = [self._stop_signal is not None, False, False, False]
         if self.dist.is_main:
+            finished = not self.pusher.in_flight  # read first: the failure check below then sees the final state
             flags[3] = self.pusher.failure() is not None  # a background push failed: stop here, all ranks
-            flags[1] = self.budget.should_stop(now, final=step + 1 >= self.total_steps, in_flight=self.pusher.in_flight)
+            if finished and not flags[3] and self.pending_push is not None:
+                checkpointing.collect_push(self)  # booked as soon as it is verified: its rows reach the trackers
+            flags[1] = self.budget.should_stop(now, final=step + 1 >= self.total_steps, in_flight=self.pusher.in_flight,
+                                               evaluates=self.eval_due(step + 1))
             flags[2] = self.budget.checkpoint_due(now)
             if self.ledger is not None and self.ledger.heartbeat_due(now):
                 self.ledger.heartbeat(step, self.budget.stepping_seconds)
@@ -295,18 +308,17 @@ class Session:
         u = self.flops.mfu(m["tokens_per_s"])
         if u is not None:
             row["mfu"] = round(u, 4)
-        if self._metrics_file is None:
-            # Opened once, after resuming rewrote the file; line-buffered, so each step is on disk when it ends.
-            self._metrics_file = open(self.metrics_path, "a", encoding="utf-8", buffering=1)
-        self._metrics_file.write(json.dumps(row) + "\n")
-        if self._tb is not None:
-            for k in ("loss", "lr", "grad_norm", "tokens_per_s"):
-                self._tb.add_scalar(f"train/{k}", m[k], step)
+        self.trackers.log(step, row)
+        if "val_loss" in m:
+            log.info("step %d validation: loss %.4f ppl %.2f over %d windows (%.1f s)", step, m["val_loss"],
+                     m["val_ppl"], m["val_windows"], m["eval_seconds"])
         if self._bar is not None:
             self._bar.update(1)
-            if step % self.cfg.train.log_every == 0 or step == self.stop_step:
+            if step % self.cfg.train.log_every == 0 or step == self.stop_step or "val_loss" in m:
+                val = self.val.get("val_loss") if self.val else None
                 self._bar.set_postfix(loss=f"{m['loss']:.4f}", lr=f"{m['lr']:.2e}", tok_s=f"{m['tokens_per_s']:.0f}",
-                                      **({"mfu": f"{u:.1%}"} if u is not None else {}))
+                                      **({"mfu": f"{u:.1%}"} if u is not None else {}),
+                                      **({"val": f"{val:.4f}"} if val is not None else {}))
         if step % self.cfg.train.log_every == 0:
             log.debug("step %d loss %.4f lr %.3e gnorm %.3f tok/s %.0f", step, m["loss"], m["lr"], m["grad_norm"],
                       m["tokens_per_s"])
@@ -317,6 +329,11 @@ class Session:
         self._bar = tqdm(total=self.stop_step, initial=self.step, unit="step", desc=f"train {self.run}",
                          disable=not (self.progress_enabled and self.dist.is_main), mininterval=1.0, dynamic_ncols=True)
         return self._bar
+
+    def eval_due(self, step: int) -> bool:
+        """Periodic validation after step ``step`` (the horizon's own evaluation is the final one)."""
+        every = self.cfg.train.eval_every
+        return bool(every) and step % every == 0 and step < self.total_steps
 
     def checkpoint_due(self, step: int) -> bool:
         every = self.cfg.train.ckpt_every
@@ -345,11 +362,8 @@ class Session:
         self.end_ledger(outcome)
         if self._bar is not None:
             self._bar.close()
-        if getattr(self, "_metrics_file", None) is not None:
-            self._metrics_file.close()
-            self._metrics_file = None
-        if self._tb is not None:
-            self._tb.close()
+        if getattr(self, "trackers", None) is not None:
+            self.trackers.close(complete=outcome == "completed")
         if getattr(self, "_signals", None) is not None:
             self._signals.restore()
 
@@ -411,10 +425,3 @@ def _row_digest(row) -> float:
 def rss_peak() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
-
-def _tensorboard(run_dir: Path):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        return None
-    return SummaryWriter(str(run_dir / "tensorboard"))

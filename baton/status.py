@@ -175,4 +175,5 @@ def run_status(args, cfg: Config) -> int:
           + (f"; this quota period {led['period_hours']:.4f} of {led['quota_hours']:g} h" if led["period_hours"]
              is not None else "") + (f"; cap {led['cap_hours']:g} h, {led['cap_left']:.4f} h left" if led["cap_left"]
                                       is not None else ""))
+    print("curves, sessions and plots: baton report -c CONFIG [--out DIR]")
     return 0
