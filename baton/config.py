@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 import tomllib
 import types
 import typing
@@ -187,11 +189,14 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     """Read TOML (or start from defaults when ``path`` is None), apply ``a.b=c`` overrides, validate."""
     raw: dict[str, Any] = {}
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {p} not found (pass --config with an existing TOML file)")
+        from .guard import input_file
+        from .reads import reading
+
+        p = input_file(path, "config file", "pass --config with an existing TOML file")
         try:
-            raw = tomllib.loads(p.read_text(encoding="utf-8"))
+            with reading(p, "config file", "save it as UTF-8 TOML text, or pass --config with a TOML file"):
+                text = p.read_text(encoding="utf-8")
+            raw = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {p} is not valid TOML: {e}") from None
     problems: list[str] = []
@@ -433,9 +438,36 @@ def _semantic_problems(cfg: Config) -> list[str]:
     if b.quota_hours and not b.quota_reset:
         p.append("budget.quota_hours is set but budget.quota_reset is not (e.g. quota_reset = \"2026-09-26T00:00Z\")")
     p.extend(_budget_text_problems(b))
-    if not cfg.run.name or "/" in cfg.run.name or cfg.run.name in (".", ".."):
-        p.append(f"run.name={cfg.run.name!r} must be a plain name without '/'")
+    if not RUN_NAME.fullmatch(cfg.run.name or ""):
+        p.append(f"run.name={cfg.run.name!r} must be a plain name without '/': 1-{RUN_NAME_MAX} letters, digits, "
+                 "'.', '_' or '-', starting with a letter or digit (it names a folder and a store prefix)")
+    p.extend(_nonfinite_problems(cfg))
     return p
+
+
+# A portable file name (POSIX's character set), short enough for the suffixes baton adds on any file system.
+RUN_NAME_MAX = 100
+RUN_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{RUN_NAME_MAX - 1}}}")
+
+
+def _nonfinite_problems(cfg: Config) -> list[str]:
+    """Every float key must be a finite number: NaN passes every range check (all comparisons are false)."""
+    out = []
+
+    def walk(obj: Any, where: str) -> None:
+        for f in dataclasses.fields(obj):
+            value, name = getattr(obj, f.name), f"{where}.{f.name}" if where else f.name
+            if dataclasses.is_dataclass(value):
+                walk(value, name)
+            elif isinstance(value, list):
+                for i, item in enumerate(value):
+                    if dataclasses.is_dataclass(item):
+                        walk(item, f"{name}[{i}]")
+            elif isinstance(value, float) and not math.isfinite(value):
+                out.append(f"{name} must be a finite number, got {value}")
+
+    walk(cfg, "")
+    return out
 
 
 def _budget_text_problems(b: BudgetConfig) -> list[str]:

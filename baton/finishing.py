@@ -73,7 +73,9 @@ def finish(s: Session) -> None:
             err = f"{type(e).__name__}: {e}"
     err = dist.broadcast(err)
     if err:
-        raise StoreError(f"the final model could not be published to {s.store.describe()}: {err}")
+        raise StoreError(f"the final model could not be published to {s.store.describe()}: {err}; the pointer still "
+                         f"names the verified checkpoint at step {s.step}: fix the store's problem, then rerun "
+                         "`baton train`, which publishes it again")
 
 def _publish_final(s: Session, model: torch.nn.Module) -> None:
     from .export import export_model
@@ -86,8 +88,10 @@ def _publish_final(s: Session, model: torch.nn.Module) -> None:
     export_model(model, Path(s.cfg.data.dir) / TOKENIZER_FILE, out, manifest["eos_token"],
                  meta={"run": s.run, "step": s.step, **(s.val or {}), "config": s.cfg.to_dict()})
     files, _ = push_folder(s.store, out, f"{s.run}/final", s.cfg.store.verify)
+    # The verified history stays in the pointer: retention in later sessions goes by it.
+    history = {"verified": pointer["verified"]} if "verified" in pointer else {}
     done = make_pointer(s.run, pointer["step"], pointer["path"], pointer["files"], pointer["cursor"],
-                        complete=True, extra={"final": {"path": "final", "files": files}, **(s.val or {})})
+                        complete=True, extra={"final": {"path": "final", "files": files}, **history, **(s.val or {})})
     write_pointer(s.store, s.run, done)
     log.info("run %s complete: final model verified at %s/final; pointer marks the run complete",
              s.run, s.run)
