@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import sys
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 from .config import Config
