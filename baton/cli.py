@@ -194,6 +194,9 @@ def cmd_train(args) -> int:
         raise BatonError(f"--stop-after-steps must be a positive step number, got {args.stop_after_steps}")
     if args.nproc < 1:
         raise BatonError(f"--nproc must be >= 1, got {args.nproc}")
+    if args.resume not in ("auto", "never") and not Path(args.resume).is_dir():
+        # Said before the session starts: a session that starts writes its ledger record into the store.
+        raise BatonError(f"--resume {args.resume}: no such checkpoint folder (use auto, never or a folder)")
     from .drift import validate_allowed
 
     allow_change = tuple(sorted(validate_allowed(args.allow_change)))
@@ -286,7 +289,11 @@ def cmd_verify_data(args) -> int:
     from .data.verify import verify_data
 
     if args.dir:
+        from .guard import input_dir, local_store_root
+
         folder = args.dir
+        if local_store_root(folder) is not None:
+            input_dir(local_store_root(folder), "--dir", "give the data folder `baton prepare` wrote")
     elif args.config:
         folder = _load(args).data.dir
     else:

@@ -176,7 +176,8 @@ class Config:
         return dataclasses.asdict(self)
 
     def validate(self) -> None:
-        problems = _semantic_problems(self)
+        # A NaN or infinity makes the range checks meaningless (NaN fails none of them): named alone.
+        problems = _nonfinite_problems(self) or _semantic_problems(self)
         if problems:
             raise ConfigError(_format(problems))
 
@@ -441,7 +442,6 @@ def _semantic_problems(cfg: Config) -> list[str]:
     if not RUN_NAME.fullmatch(cfg.run.name or ""):
         p.append(f"run.name={cfg.run.name!r} must be a plain name without '/': 1-{RUN_NAME_MAX} letters, digits, "
                  "'.', '_' or '-', starting with a letter or digit (it names a folder and a store prefix)")
-    p.extend(_nonfinite_problems(cfg))
     return p
 
 

@@ -83,6 +83,10 @@ def check_layout(cfg: Config) -> None:
         p = Path(folder).expanduser()
         if p.exists() and not p.is_dir():
             raise PathError(f"{name} {p} ({key}) is a file, not a folder (set {key} to a folder)")
+        above = _nearest_existing(p)
+        if not above.is_dir():
+            raise PathError(f"{name} {p} ({key}) cannot be made: {above} is a file, not a folder (set {key} to a "
+                            "folder)")
     for i, (a, ka, fa) in enumerate(named):
         for b, kb, fb in named[i + 1 :]:
             ra, rb = resolved(fa), resolved(fb)
@@ -116,11 +120,16 @@ def output_dir(path: str | Path, flag: str, cfg: Config | None = None, force: bo
     return p
 
 
-def _writable_place(p: Path, what: str) -> None:
-    """The nearest existing folder at or above ``p`` must be a folder this process may write into."""
+def _nearest_existing(p: Path) -> Path:
     q = Path(os.path.abspath(p))
     while not q.exists():
         q = q.parent
+    return q
+
+
+def _writable_place(p: Path, what: str) -> None:
+    """The nearest existing folder at or above ``p`` must be a folder this process may write into."""
+    q = _nearest_existing(p)
     if not q.is_dir():
         raise PathError(f"{what} cannot be made: {q} is a file, not a folder (choose another place)")
     if not os.access(q, os.W_OK | os.X_OK):
