@@ -21,7 +21,9 @@ class UsageError(BatonError):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse's own errors: the same one line as every other input error
-        raise UsageError(f"{message} (see `{self.prog} --help`)")
+        # An argument echoed back may hold a line break; the error stays one line.
+        flat = message.replace("\n", "\\n")
+        raise UsageError(f"{flat} (see `{self.prog} --help`)")
 
 
 def _config_args(p: argparse.ArgumentParser, required: bool = True) -> None:

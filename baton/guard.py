@@ -150,6 +150,7 @@ def finite_float(lo: float | None = None, lo_open: bool = False):
         check_float(v, text, lo, lo_open)
         return v
 
+    parse.bounds = (lo, None, lo_open)  # type: ignore[attr-defined]  # for the tests that probe every flag
     return parse
 
 
@@ -173,4 +174,5 @@ def count(lo: int = 1, hi: int | None = None):
                                              f" got {v}")
         return v
 
+    parse.bounds = (lo, hi, False)  # type: ignore[attr-defined]
     return parse

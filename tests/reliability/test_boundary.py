@@ -20,7 +20,7 @@ from typing import Callable
 
 import pytest
 from boundary import assert_input_error, run_in_process, tree_hash
-from test_bad_input import TRAIN, Ctx, _truncate, base  # noqa: F401 - base: the module's verified run
+from test_bad_input import TRAIN, Ctx, _truncate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,16 +29,6 @@ ROOT = Path(__file__).resolve().parents[2]
 def crash_logs(tmp_path, monkeypatch):
     """A bug's log file goes under the test's folder, not the user's cache."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-
-
-@pytest.fixture(scope="module")
-def exported(base, tmp_path_factory) -> Path:  # noqa: F811
-    """The base run's model, exported once (read-only by convention)."""
-    from baton.cli import main
-
-    out = tmp_path_factory.mktemp("exported") / "model"
-    assert main(["export", "-c", str(base / "cfg.toml"), "--out", str(out)]) == 0
-    return out
 
 
 class B(Ctx):
@@ -329,7 +319,7 @@ def test_the_battery_has_over_a_hundred_cases():
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_bad_input_one_line_exit_2_store_untouched(case, base, exported, tmp_path, capsys):  # noqa: F811
+def test_bad_input_one_line_exit_2_store_untouched(case, base, exported, tmp_path, capsys):
     name, build, expect = case
     before = tree_hash(base / "store")
     c = B(base, tmp_path)
