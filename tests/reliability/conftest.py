@@ -26,7 +26,9 @@ def fake_env(tmp_path_factory) -> dict[str, str]:
     """The environment of every process these tests start: fake credentials only, no ~/.aws of the machine."""
     none = tmp_path_factory.getbasetemp() / "no-aws-config-reliability"
     return {"AWS_ACCESS_KEY_ID": FAKE_KEY, "AWS_SECRET_ACCESS_KEY": FAKE_SECRET, "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_CONFIG_FILE": str(none), "AWS_SHARED_CREDENTIALS_FILE": str(none), "HF_TOKEN": FAKE_HF_TOKEN}
+            "AWS_CONFIG_FILE": str(none), "AWS_SHARED_CREDENTIALS_FILE": str(none), "HF_TOKEN": FAKE_HF_TOKEN,
+            # The test Hub serves the classic LFS path; huggingface_hub reads this switch once, at import.
+            "HF_HUB_DISABLE_XET": "1"}
 
 
 @pytest.fixture(scope="session")
