@@ -377,3 +377,47 @@ def test_a_bug_in_a_real_terminal(tmp_path):
     assert r.stderr.count("\n") == 1 and "ZeroDivisionError: division by zero; the traceback is in " in r.stderr
     log = Path(r.stderr.strip().rsplit("the traceback is in ", 1)[1])
     assert "Traceback (most recent call last):" in log.read_text()
+
+
+def _writers() -> dict[str, bool]:
+    """Every command with an output flag (and whether it takes --force), from the parser itself."""
+    import argparse
+
+    from baton.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {cmd: any(a.dest == "force" for a in p._actions) for cmd, p in sub.choices.items()
+            if any(a.dest == "out" for a in p._actions)}
+
+
+def _store_cfg(c: B, store: Path, url: str | None = None) -> list[str]:
+    return [*_cfg(c), "--set", f"store.url={url or store}"]
+
+
+# Each way a command can be told to write somewhere: an output flag (with --force where it has one), or the
+# config's data and run folders; ``s`` is the store's folder, ``into`` a place inside it.
+INTO_STORE: list[tuple[str, Callable[[B, Path, Path], list[str]]]] = [
+    *[(f"{cmd}-out", (lambda cmd, force: lambda c, s, into: [cmd, *_store_cfg(c, s), "--out", str(into),
+                                                             *(["--force"] if force else [])])(cmd, force))
+      for cmd, force in _writers().items()],
+    ("prepare-data-dir", lambda c, s, into: ["prepare", *_store_cfg(c, s), "--force", "--no-progress",
+                                             "--set", f"data.dir={into}"]),
+    ("train-local-dir", lambda c, s, into: [*TRAIN, *_store_cfg(c, s), "--set", f"run.local_dir={into}"]),
+    ("train-data-dir", lambda c, s, into: [*TRAIN, *_store_cfg(c, s), "--set", f"data.dir={into}"]),
+    ("export-via-file-url", lambda c, s, into: ["export", *_store_cfg(c, s, f"file://{s}"), "--out", str(into)]),
+]
+
+
+@pytest.mark.parametrize("where", ["the pointer's checkpoint", "the run prefix", "the store root"])
+@pytest.mark.parametrize("case", INTO_STORE, ids=[c[0] for c in INTO_STORE])
+def test_no_command_writes_into_the_store(case, where, base, tmp_path, capsys):
+    assert set(_writers()) == {"export", "preflight", "bench"}  # a new writer is covered by the list above
+    store = tmp_path / "store"
+    shutil.copytree(base / "store", store)
+    pointer = json.loads((store / "test" / "latest.json").read_text())
+    into = {"the pointer's checkpoint": store / "test" / pointer["path"], "the run prefix": store / "test",
+            "the store root": store}[where]
+    before = tree_hash(store)
+    o = run_in_process(case[1](B(base, tmp_path), store, into), capsys)
+    assert_input_error(o, "the store's folder")
+    assert tree_hash(store) == before
