@@ -421,3 +421,26 @@ def test_no_command_writes_into_the_store(case, where, base, tmp_path, capsys):
     o = run_in_process(case[1](B(base, tmp_path), store, into), capsys)
     assert_input_error(o, "the store's folder")
     assert tree_hash(store) == before
+
+
+def test_a_failed_first_push_claims_no_pointer_and_says_what_to_do(zygote, moto, s3_bucket, make_config, tmp_path):
+    """The store refuses the very first checkpoint's uploads (403 through a proxy): the error must not speak
+    of a previous verified checkpoint, and must say where the local copy is and what to do next."""
+    from store_servers import Fault, FaultyProxy
+
+    proxy = FaultyProxy(moto.url).start()
+    try:
+        proxy.add(Fault("status", match=lambda method, path: method == "PUT" and "/ckpt/" in path, status=403))
+        cfg = make_config(store=f"s3://{s3_bucket()}/p?endpoint={proxy.url}")
+        r = zygote.run([*TRAIN, "-c", str(cfg), "--stop-after-steps", "1", "--set", "store.retries=1"],
+                       tmp_path / "out")
+    finally:
+        proxy.stop()
+    assert r.returncode == 2, r.stderr[-3000:]
+    line = [x for x in r.stderr.splitlines() if x.startswith("baton: error:")][-1]
+    assert "checkpoint at step 1 was not verified" in line
+    assert "the store holds no verified checkpoint of this run yet (no pointer was written)" in line
+    assert "previous verified" not in line
+    assert f"the local copy is kept in {tmp_path / 'runs' / 'test' / 'ckpt'}" in line
+    assert "then rerun the same `baton train` command" in line
+    assert (tmp_path / "runs" / "test" / "ckpt" / "step-1" / "model.safetensors").is_file()
