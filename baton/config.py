@@ -373,9 +373,20 @@ def _semantic_problems(cfg: Config) -> list[str]:
             p.append(f"data.sources[{i}] ({src.kind}) needs a path")
         if src.weight is not None and src.weight <= 0:
             p.append(f"data.sources[{i}].weight must be > 0, got {src.weight}")
+        for k in ("max_bytes", "max_tokens"):
+            if getattr(src, k) is not None and getattr(src, k) < 0:
+                p.append(f"data.sources[{i}].{k} must be >= 0 (0 = no cap), got {getattr(src, k)}")
     if not d.sources and not d.tokenizer:
         p.append("data.sources is empty (add at least one [[data.sources]] table)")
     positive("optim.lr", o.lr)
+    positive("optim.eps", o.eps)
+    for k in ("beta1", "beta2"):  # AdamW's decays; torch would refuse them only when the optimizer is built
+        if getattr(o, k) is not None and not 0.0 <= getattr(o, k) < 1.0:
+            p.append(f"optim.{k} must be in [0, 1), got {getattr(o, k)}")
+    if o.weight_decay is not None and o.weight_decay < 0:
+        p.append(f"optim.weight_decay must be >= 0, got {o.weight_decay}")
+    for k in ("rope_theta", "init_std", "norm_eps"):
+        positive(f"model.{k}", getattr(m, k))
     if o.warmup_steps is not None and o.warmup_steps < 0:
         p.append(f"optim.warmup_steps must be >= 0, got {o.warmup_steps}")
     if o.decay_start is not None and not 0.0 < o.decay_start <= 1.0:

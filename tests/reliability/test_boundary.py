@@ -166,6 +166,13 @@ CASES: list[tuple[str, Callable[[B], list[str]], tuple[str, ...]]] = [
                                                          ("store.retry_seconds", "inf")]],
     ("config-weight-nan", lambda c: ["config", "-c", c.toml((c.base / "cfg.toml").read_text().replace(
         'kind = "stdlib"', 'kind = "stdlib"\nweight = nan'))], ("data.sources[0].weight must be a finite number",)),
+    *[(f"range-{kv}", (lambda kv: lambda c: ["config", *_cfg(c), "--set", kv])(kv), (want,)) for kv, want in [
+        ("optim.beta1=1", "optim.beta1 must be in [0, 1), got 1.0"), ("optim.beta2=-0.1", "optim.beta2 must be in"),
+        ("optim.eps=0", "optim.eps must be > 0"), ("optim.weight_decay=-1", "optim.weight_decay must be >= 0"),
+        ("model.rope_theta=0", "model.rope_theta must be > 0"), ("model.norm_eps=-1e-5", "model.norm_eps must be > 0"),
+        ("model.init_std=0", "model.init_std must be > 0")]],
+    ("config-source-max-bytes", lambda c: ["config", "-c", c.toml((c.base / "cfg.toml").read_text().replace(
+        "max_bytes = 400000", "max_bytes = -1"))], ("data.sources[0].max_bytes must be >= 0 (0 = no cap)",)),
     ("config-layers-0", lambda c: ["config", *_cfg(c), "--set", "model.n_layers=0"], ("model.n_layers must be > 0",)),
     ("config-keep-last-0", lambda c: ["config", *_cfg(c), "--set", "store.keep_last=0"], ("store.keep_last must be > 0",)),
     ("config-log-every-0", lambda c: ["config", *_cfg(c), "--set", "train.log_every=0"], ("train.log_every must be > 0",)),
