@@ -450,10 +450,16 @@ def _semantic_problems(cfg: Config) -> list[str]:
     if b.quota_hours and not b.quota_reset:
         p.append("budget.quota_hours is set but budget.quota_reset is not (e.g. quota_reset = \"2026-09-26T00:00Z\")")
     p.extend(_budget_text_problems(b))
-    if not RUN_NAME.fullmatch(cfg.run.name or ""):
-        p.append(f"run.name={cfg.run.name!r} must be a plain name without '/': 1-{RUN_NAME_MAX} letters, digits, "
-                 "'.', '_' or '-', starting with a letter or digit (it names a folder and a store prefix)")
+    p.extend(run_name_problems(cfg.run.name, "run.name"))
     return p
+
+
+def run_name_problems(name: Any, what: str) -> list[str]:
+    """A run name is a portable file name: it names a local folder and a store prefix."""
+    if isinstance(name, str) and RUN_NAME.fullmatch(name):
+        return []
+    return [f"{what}={name!r} must be a plain name without '/': 1-{RUN_NAME_MAX} letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (it names a folder and a store prefix)"]
 
 
 # A portable file name (POSIX's character set), short enough for the suffixes baton adds on any file system.

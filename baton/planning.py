@@ -52,7 +52,7 @@ def add_plan_parsers(sub, config_args) -> None:
     g.add_argument("--session-hours", default=None, metavar="H", help="the platform's session limit")
     g.add_argument("--margin", default=None, metavar="M", help="kept free per session: 30%%, 45m, 2.7h")
     g.add_argument("--startup", default=None, metavar="D", help="per session before the first step, e.g. 5m")
-    g.add_argument("--ckpt-seconds", default=None, metavar="S", help="one checkpoint cycle (default: measured)")
+    g.add_argument("--ckpt-seconds", type=finite_float(0.0), default=None, metavar="S", help="one checkpoint cycle (default: measured)")
     g.add_argument("--ckpt-every", type=count(0), default=None, metavar="N", help="checkpoint cadence in steps")
     g.add_argument("--gap", default="0", metavar="D", help="between sessions, e.g. 10m")
     g = p.add_argument_group("quota and calendar (default: the config's [budget] and the ledger)")

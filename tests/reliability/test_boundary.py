@@ -157,6 +157,10 @@ CASES: list[tuple[str, Callable[[B], list[str]], tuple[str, ...]]] = [
      ("--target-tokens", "must be a finite number")),
     ("flag-plan-hours-nan", lambda c: ["plan", "--steps", "10", "--tokens-per-step", "5", "--rate", "9",
                                        "--session-hours", "nan"], ("--session-hours", "must be a finite number")),
+    ("flag-plan-ckpt-seconds-nan", lambda c: ["plan", "--ckpt-seconds", "nan"], ("--ckpt-seconds", "not a finite")),
+    ("flag-plan-ckpt-seconds-word", lambda c: ["plan", "--ckpt-seconds", "slow"], ("invalid number: 'slow'",)),
+    ("flag-ledger-run-escape", lambda c: ["ledger", *_cfg(c), "--run", "../other"], ("--run='../other'",)),
+    ("flag-ledger-run-nul", lambda c: ["ledger", *_cfg(c), "--run", "a\x00b"], ("must be a plain name",)),
     ("flag-plan-margin", lambda c: ["plan", "--steps", "10", "--tokens-per-step", "5", "--rate", "9",
                                     "--session-hours", "2", "--margin", "150%"], ("between 0% and 100%",)),
     # ---- config values: non-finite floats, counts that make no sense, run names
