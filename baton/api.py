@@ -123,6 +123,9 @@ def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = N
     from .tracking import check_installed
 
     check_installed(cfg.log.backends)  # one line before any launch, not one per rank after it
+    if resume not in ("auto", "never") and not Path(resume).is_dir():
+        # Said before the session starts: a session that starts writes its ledger record into the store.
+        raise BatonError(f"--resume {resume}: no such checkpoint folder (use auto, never or a folder)")
     if cfg.publish.url and (cfg.eval.files or cfg.eval.tasks):
         from .evaluation import Plan
 
@@ -224,12 +227,18 @@ def plan(cfg: Config | None = None, **options: Any) -> dict[str, Any]:
     return p.to_dict() | {"sources": sources, "text": format_plan(p, sources)}
 
 
-def export(cfg: Config, out: str | Path, source: str = "store", step: int | None = None) -> Path:
+def export(cfg: Config, out: str | Path, source: str = "store", step: int | None = None, *,
+           force: bool = False) -> Path:
     """Write the run's latest verified checkpoint (the verified one at ``step``, or the local checkpoint
-    folder ``source``) as a Hugging Face model folder; returns it."""
+    folder ``source``) as a Hugging Face model folder; returns it.
+
+    ``out`` must be new or empty (``force`` writes into it anyway) and never inside the store, the run
+    folder or the data folder.
+    """
     from .export import export_run
+    from .guard import output_dir
 
     _console()
-    path = export_run(cfg, source, Path(out), step)
+    path = export_run(cfg, source, output_dir(out, "--out", cfg, force), step)
     print(f"exported to {path}")
     return path

@@ -82,9 +82,13 @@ def push_outcome(s: Session, wait: bool) -> None:
 
 
 def _push_error(s: Session, step: int, cause: str) -> StoreError:
+    # s.parent: the last checkpoint of this run that was verified (None before the first: no pointer yet).
+    held = (f"the pointer still names the verified checkpoint at step {s.parent['step']}" if s.parent else
+            "the store holds no verified checkpoint of this run yet (no pointer was written)")
     return StoreError(
-        f"checkpoint at step {step} was not verified in {s.store.describe()} ({cause}); the pointer still "
-        f"names the previous verified checkpoint and the local copy is kept in {s.run_dir / 'ckpt'}"
+        f"checkpoint at step {step} was not verified in {s.store.describe()} ({cause}); {held}; the local copy is "
+        f"kept in {s.run_dir / 'ckpt'}: fix the store's problem, then rerun the same `baton train` command, which "
+        "pushes the kept copy before training on"
     )
 
 

@@ -89,7 +89,9 @@ def finish(s: Session) -> None:
         try:
             _publish_final(s, plain[0])
         except (BatonError, OSError) as e:
-            err = f"the final model could not be published to {s.store.describe()}: {type(e).__name__}: {e}"
+            err = (f"the final model could not be published to {s.store.describe()}: {type(e).__name__}: {e}; the "
+                   f"pointer still names the verified checkpoint at step {s.step}: fix the store's problem, then "
+                   "rerun `baton train`, which publishes it again")
         if err is None and s.cfg.publish.url:
             from .publish import publish_trained
 
@@ -102,6 +104,7 @@ def finish(s: Session) -> None:
     if err:
         raise StoreError(err)
 
+
 def _publish_final(s: Session, model: torch.nn.Module) -> None:
     from .export import export_model
 
@@ -113,8 +116,10 @@ def _publish_final(s: Session, model: torch.nn.Module) -> None:
     export_model(model, Path(s.cfg.data.dir) / TOKENIZER_FILE, out, manifest["eos_token"],
                  meta={"run": s.run, "step": s.step, **(s.val or {}), "config": s.cfg.to_dict()})
     files, _ = push_folder(s.store, out, f"{s.run}/final", s.cfg.store.verify)
+    # The verified history stays in the pointer: retention in later sessions goes by it.
+    history = {"verified": pointer["verified"]} if "verified" in pointer else {}
     done = make_pointer(s.run, pointer["step"], pointer["path"], pointer["files"], pointer["cursor"],
-                        complete=True, extra={"final": {"path": "final", "files": files}, **(s.val or {})})
+                        complete=True, extra={"final": {"path": "final", "files": files}, **history, **(s.val or {})})
     write_pointer(s.store, s.run, done)
     log.info("run %s complete: final model verified at %s/final; pointer marks the run complete",
              s.run, s.run)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import sys
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 from .config import Config
 from .errors import BatonError
+from .guard import count, finite_float
 from .plan import HOUR, PlanInput, iso, parse_count, parse_hours, parse_instant, parse_margin, plan
 from .tripwires import apply_tripwires, evaluate_tripwires, parse_tripwire
 
@@ -26,10 +26,10 @@ def add_plan_parsers(sub, config_args) -> None:
     p.add_argument("--compile", default="off", metavar="LIST", help="torch.compile: off,on (default off)")
     p.add_argument("--tokens-per-step", default=None, metavar="N",
                    help="tokens per optimizer step per rank, fixed over the grid (default: the config's / --ranks)")
-    p.add_argument("--ranks", type=int, default=1, help="ranks of the real run: hours for the target assume N "
+    p.add_argument("--ranks", type=count(1), default=1, help="ranks of the real run: hours for the target assume N "
                    "ranks at the measured rate each (linear scaling, an upper bound)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per cell")
-    p.add_argument("--steps", type=int, default=5, help="timed steps per cell")
+    p.add_argument("--warmup", type=count(0), default=2, help="untimed steps per cell")
+    p.add_argument("--steps", type=count(1), default=5, help="timed steps per cell")
     p.add_argument("--mem-cap", default=None, metavar="SIZE",
                    help="memory cap (12GiB, 512MiB): cells over it are recorded as OOM; on CPU it applies to the "
                         "resident memory a cell adds to the process")
@@ -42,7 +42,7 @@ def add_plan_parsers(sub, config_args) -> None:
     g.add_argument("--target-tokens", default=None, metavar="N", help="e.g. 1e9, 0.9B, 900M")
     g.add_argument("--steps", default=None, metavar="N", help="horizon in steps instead")
     g.add_argument("--tokens-per-step", default=None, metavar="N", help="e.g. 262144")
-    g.add_argument("--start-step", type=int, default=None, help="first step to plan (default: the store's pointer)")
+    g.add_argument("--start-step", type=count(0), default=None, help="first step to plan (default: the store's pointer)")
     g = p.add_argument_group("rate")
     g.add_argument("--rate", default=None, metavar="TOK/S", help="tokens/s over all ranks")
     g.add_argument("--rate-from", default=None, metavar="BENCH.JSON", help="the rate of a bench's picked cell")
@@ -52,24 +52,24 @@ def add_plan_parsers(sub, config_args) -> None:
     g.add_argument("--session-hours", default=None, metavar="H", help="the platform's session limit")
     g.add_argument("--margin", default=None, metavar="M", help="kept free per session: 30%%, 45m, 2.7h")
     g.add_argument("--startup", default=None, metavar="D", help="per session before the first step, e.g. 5m")
-    g.add_argument("--ckpt-seconds", default=None, metavar="S", help="one checkpoint cycle (default: measured)")
-    g.add_argument("--ckpt-every", type=int, default=None, metavar="N", help="checkpoint cadence in steps")
+    g.add_argument("--ckpt-seconds", type=finite_float(0.0), default=None, metavar="S", help="one checkpoint cycle (default: measured)")
+    g.add_argument("--ckpt-every", type=count(0), default=None, metavar="N", help="checkpoint cadence in steps")
     g.add_argument("--gap", default="0", metavar="D", help="between sessions, e.g. 10m")
     g = p.add_argument_group("quota and calendar (default: the config's [budget] and the ledger)")
     g.add_argument("--quota-hours", default=None, metavar="H", help="billed hours per period, e.g. 30")
     g.add_argument("--quota-reset", default=None, metavar="TIME", help="an instant the quota resets at")
-    g.add_argument("--quota-period-days", type=float, default=None)
+    g.add_argument("--quota-period-days", type=finite_float(0.0, lo_open=True), default=None)
     g.add_argument("--used-hours", default=None, metavar="H", help="billed in this period already")
     g.add_argument("--cap-hours", default=None, metavar="H", help="a cap on the run's billed hours")
-    g.add_argument("--bill-factor", type=float, default=None,
+    g.add_argument("--bill-factor", type=finite_float(0.0), default=None,
                    help="billed hours per wall-clock hour (default: budget.bill_factor, else one per rank)")
     g.add_argument("--start", default=None, metavar="TIME", help="when the first session starts (default now)")
     g.add_argument("--deadline", default=None, metavar="TIME", help="warn when the plan ends after this")
     g = p.add_argument_group("tripwires")
     g.add_argument("--tripwire", action="append", default=None, metavar="'RATE: ACTION'",
                    help="e.g. '5150: target=0.9B' or '7400: micro=8, accum=16' (repeatable)")
-    g.add_argument("--seq-len", type=int, default=None, help="to check a micro-batch tripwire without a config")
-    g.add_argument("--ranks", type=int, default=None, help="ranks of the run: the default bill factor, and "
+    g.add_argument("--seq-len", type=count(1), default=None, help="to check a micro-batch tripwire without a config")
+    g.add_argument("--ranks", type=count(1), default=None, help="ranks of the run: the default bill factor, and "
                    "to check a micro-batch tripwire")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
@@ -155,7 +155,10 @@ def run_bench(args, cfg: Config) -> int:
         cfg.tokens_per_step // args.ranks
     cap = bench.parse_size(args.mem_cap) if args.mem_cap else None
     target = cfg.train.target_tokens or cfg.total_steps * cfg.tokens_per_step
-    out = Path(args.out) if args.out else cfg.run_dir / "bench"
+    from .guard import output_dir
+
+    # Bench results belong to the run (the default is <run dir>/bench); any other place is checked like an output.
+    out = output_dir(args.out, "--out", cfg, force=True, own=("the run folder",)) if args.out else cfg.run_dir / "bench"
 
     def progress(cell):
         rate = f"{cell.tokens_per_s:,.0f} tok/s" if cell.tokens_per_s else cell.reason
@@ -234,7 +237,10 @@ def plan_input(args, cfg: Config | None) -> tuple[PlanInput, dict[str, str], lis
     elif args.rate_from:
         from .bench import rate_from_json
 
-        rate, src["rate"] = rate_from_json(Path(args.rate_from))
+        from .guard import input_file
+
+        rate, src["rate"] = rate_from_json(input_file(args.rate_from, "--rate-from", "give a bench.json written by "
+                                                      "`baton bench`"))
     else:
         rate, src["rate"] = L.measured_rate(records)
         if rate is None:

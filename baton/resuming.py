@@ -18,7 +18,7 @@ import torch
 
 from . import dist
 from .checkpoint import state as ckstate
-from .checkpoint.cycle import POINTER, push_checkpoint
+from .checkpoint.cycle import POINTER, finish_pruning, push_checkpoint
 from .checkpoint.resume import pull_checkpoint, read_pointer
 from .data.reader import Cursor
 from .drift import check_resume
@@ -52,6 +52,8 @@ def resume_session(s: Session) -> None:
                 pointer = read_pointer(s.store, s.run)
                 if pointer is None or not pointer.get("complete"):
                     pointer, finished = _finish_interrupted_push(s, pointer)
+                if pointer is not None:
+                    finish_pruning(s.store, s.run, pointer, s.cfg.store.keep_last)
             except BatonError as e:
                 err = str(e)
         pointer, err = dist.broadcast((pointer, err))

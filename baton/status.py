@@ -16,7 +16,12 @@ from .store import RetryPolicy, open_store
 
 def run_ledger(args, cfg: Config) -> int:
     store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
+    from .config import run_name_problems
+
     runs = args.run or [cfg.run.name]
+    problems = [p for run in runs for p in run_name_problems(run, "--run")]
+    if problems:
+        raise BatonError(problems[0])
     records, problems = [], []
     for run in runs:
         r, p = L.read_ledger(store, run)
