@@ -120,6 +120,12 @@ def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = N
     spec = launch or LaunchSpec(nproc=nproc)
     if spec.nproc < 1:
         raise BatonError(f"--nproc must be >= 1, got {spec.nproc}")
+    from .tracking import check_installed
+
+    check_installed(cfg.log.backends)  # one line before any launch, not one per rank after it
+    if resume not in ("auto", "never") and not Path(resume).is_dir():
+        # Said before the session starts: a session that starts writes its ledger record into the store.
+        raise BatonError(f"--resume {resume}: no such checkpoint folder (use auto, never or a folder)")
     if cfg.publish.url and (cfg.eval.files or cfg.eval.tasks):
         from .evaluate.run import Plan
 
@@ -139,7 +145,8 @@ def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = N
     summary = run(cfg, resume=resume, stop_after=stop_after_steps, progress=progress, deadline=stop_at,
                   started=started, allow_change=allowed)
     dist.shutdown()  # a clean exit leaves no process group behind (NCCL warns, and may hang, otherwise)
-    if summary.get("val_loss") is not None and rank == 0:
+    at_horizon = summary.get("steps_done") == summary.get("total_steps")  # not a periodic validation
+    if at_horizon and summary.get("val_loss") is not None and rank == 0:
         print(f"final validation: loss {summary['val_loss']:.4f}, perplexity {summary['val_ppl']:.2f}")
     return summary
 
@@ -214,19 +221,28 @@ def plan(cfg: Config | None = None, **options: Any) -> dict[str, Any]:
     if unknown:
         raise BatonError(f"plan: no option {', '.join(unknown)} (valid: {', '.join(sorted(actions))})")
     for key, value in options.items():
-        kind = actions[key].type  # the flag's own parser: numbers stay numbers, durations and counts are text
-        setattr(args, key, None if value is None else kind(value) if kind in (int, float) else str(value))
+        kind = actions[key].type  # the flag's own parser (checked numbers); durations and counts stay text
+        try:
+            setattr(args, key, None if value is None else kind(str(value)) if callable(kind) else str(value))
+        except argparse.ArgumentTypeError as e:
+            raise BatonError(f"plan: {key}={value!r}: {e}") from None
     inp, sources, _ = plan_input(args, cfg)
     p = make_plan(inp)
     return p.to_dict() | {"sources": sources, "text": format_plan(p, sources)}
 
 
-def export(cfg: Config, out: str | Path, source: str = "store", step: int | None = None) -> Path:
+def export(cfg: Config, out: str | Path, source: str = "store", step: int | None = None, *,
+           force: bool = False) -> Path:
     """Write the run's latest verified checkpoint (the verified one at ``step``, or the local checkpoint
-    folder ``source``) as a Hugging Face model folder; returns it."""
+    folder ``source``) as a Hugging Face model folder; returns it.
+
+    ``out`` must be new or empty (``force`` writes into it anyway) and never inside the store, the run
+    folder or the data folder.
+    """
+    from .guard import output_dir
     from .model.export import export_run
 
     _console()
-    path = export_run(cfg, source, Path(out), step)
+    path = export_run(cfg, source, output_dir(out, "--out", cfg, force), step)
     print(f"exported to {path}")
     return path

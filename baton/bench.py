@@ -366,13 +366,18 @@ def write_outputs(cells: list[Cell], out: Path, meta: dict[str, Any], cap: int |
 
 def rate_from_json(path: Path) -> tuple[float, str]:
     """The rate `baton plan` should use from a bench.json: its picked cell, else its fastest cell, x ranks."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    cells = [Cell(**{k: v for k, v in c.items() if k in Cell.__dataclass_fields__}) for c in data["cells"]]
-    chosen = None
-    if data.get("picked"):
-        chosen = next((c for c in cells if c.label == data["picked"]), None)
-    chosen = chosen or pick(cells, data.get("cap_bytes"), allow_compile=True)
-    if chosen is None or not chosen.tokens_per_s:
+    from .reads import reading
+
+    with reading(path, "bench file", "give the bench.json that `baton bench` wrote, or rerun `baton bench`",
+                 also=(KeyError, TypeError, AttributeError)):
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        cells = [Cell(**{k: v for k, v in c.items() if k in Cell.__dataclass_fields__}) for c in data["cells"]]
+        chosen = None
+        if data.get("picked"):
+            chosen = next((c for c in cells if c.label == data["picked"]), None)
+        chosen = chosen or pick(cells, data.get("cap_bytes"), allow_compile=True)
+        ranks = int(data.get("ranks", 1))
+        rate = float(chosen.tokens_per_s) * ranks if chosen is not None and chosen.tokens_per_s else 0.0
+    if not rate > 0 or not math.isfinite(rate):
         raise BatonError(f"{path} has no cell that ran within its cap; nothing to plan with")
-    ranks = int(data.get("ranks", 1))
-    return chosen.tokens_per_s * ranks, f"{path}: {chosen.label} x {ranks} rank(s)"
+    return rate, f"{path}: {chosen.label} x {ranks} rank(s)"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 import sys
 import types
 import typing
@@ -123,6 +125,7 @@ class TrainConfig:
     spike_window: int = 50  # recent losses the spike threshold is measured on (no verdict before it is full)
     spike_skip_windows: int = 0  # windows skipped on a rollback, ending with the spiking batch (0 = its global batch)
     max_rollbacks: int = 3  # rollbacks a run may make; one more spike ends the run
+    eval_every: int = 0  # also evaluate the held-out windows every N steps (0 = only at the end of the run)
 
 
 @dataclass
@@ -154,6 +157,18 @@ class BudgetConfig:
     quota_reset: str = ""  # an instant at which the quota resets, recurring every period (e.g. 2026-09-26T00:00Z)
     cap_hours: float = 0.0  # cap on the billed hours of this run, e.g. a budget for tests (0 = none)
     tripwires: list[str] = field(default_factory=list)  # 'RATE: target=0.9B' or 'RATE: micro=8, accum=16'
+
+
+@dataclass
+class LogConfig:
+    """Where the metrics go besides metrics.jsonl (always written: it travels in every checkpoint)."""
+
+    backends: list[str] = field(default_factory=lambda: ["jsonl"])  # any of jsonl, tensorboard, wandb, mlflow (rank 0 logs)
+    project: str = "baton"  # W&B project; also the MLflow experiment unless log.experiment is set
+    entity: str = ""  # W&B entity (team or user; "" = the account's default)
+    experiment: str = ""  # MLflow experiment name ("" = log.project)
+    run_name: str = ""  # the tracker run's display name ("" = run.name)
+    mlflow_uri: str = ""  # MLflow tracking URI ("" = MLFLOW_TRACKING_URI, else MLflow's default); no credentials
 
 
 @dataclass
@@ -197,6 +212,7 @@ class Config:
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     publish: PublishConfig = field(default_factory=PublishConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     # ---- derived quantities (never stored, always recomputed) ----
     @property
@@ -217,7 +233,8 @@ class Config:
         return dataclasses.asdict(self)
 
     def validate(self) -> None:
-        problems = _semantic_problems(self)
+        # A NaN or infinity makes the range checks meaningless (NaN fails none of them): named alone.
+        problems = _nonfinite_problems(self) or _semantic_problems(self)
         if problems:
             raise ConfigError(_format(problems))
 
@@ -230,13 +247,15 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     """Read TOML (or start from defaults when ``path`` is None), apply ``a.b=c`` overrides, validate."""
     raw: dict[str, Any] = {}
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {p} not found (pass --config with an existing TOML file)")
+        from .guard import input_file
+        from .reads import reading
+
+        p = input_file(path, "config file", "pass --config with an existing TOML file")
         try:
+            with reading(p, "config file", "save it as UTF-8 TOML text, or pass --config with a TOML file"):
+                text = p.read_text(encoding="utf-8")
             # JSON: the resolved config as a checkpoint or a launcher saved it (`baton config` prints it too).
-            raw = json.loads(p.read_text(encoding="utf-8")) if p.suffix == ".json" else \
-                tomllib.loads(p.read_text(encoding="utf-8"))
+            raw = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
             raise ConfigError(f"config file {p} is not valid {p.suffix == '.json' and 'JSON' or 'TOML'}: {e}") from None
     problems: list[str] = []
@@ -412,9 +431,20 @@ def _semantic_problems(cfg: Config) -> list[str]:
             p.append(f"data.sources[{i}] ({src.kind}) needs a path")
         if src.weight is not None and src.weight <= 0:
             p.append(f"data.sources[{i}].weight must be > 0, got {src.weight}")
+        for k in ("max_bytes", "max_tokens"):
+            if getattr(src, k) is not None and getattr(src, k) < 0:
+                p.append(f"data.sources[{i}].{k} must be >= 0 (0 = no cap), got {getattr(src, k)}")
     if not d.sources and not d.tokenizer:
         p.append("data.sources is empty (add at least one [[data.sources]] table)")
     positive("optim.lr", o.lr)
+    positive("optim.eps", o.eps)
+    for k in ("beta1", "beta2"):  # AdamW's decays; torch would refuse them only when the optimizer is built
+        if getattr(o, k) is not None and not 0.0 <= getattr(o, k) < 1.0:
+            p.append(f"optim.{k} must be in [0, 1), got {getattr(o, k)}")
+    if o.weight_decay is not None and o.weight_decay < 0:
+        p.append(f"optim.weight_decay must be >= 0, got {o.weight_decay}")
+    for k in ("rope_theta", "init_std", "norm_eps"):
+        positive(f"model.{k}", getattr(m, k))
     if o.warmup_steps is not None and o.warmup_steps < 0:
         p.append(f"optim.warmup_steps must be >= 0, got {o.warmup_steps}")
     if o.decay_start is not None and not 0.0 < o.decay_start <= 1.0:
@@ -467,6 +497,9 @@ def _semantic_problems(cfg: Config) -> list[str]:
     for k in ("spike_skip_windows", "max_rollbacks"):
         if getattr(t, k) is not None and getattr(t, k) < 0:
             p.append(f"train.{k} must be >= 0, got {getattr(t, k)}")
+    if t.eval_every is not None and t.eval_every < 0:
+        p.append(f"train.eval_every must be >= 0 (0 = only at the end), got {t.eval_every}")
+    p.extend(_log_problems(cfg.log))
     if t.parallel not in PARALLEL:
         p.append(f"train.parallel={t.parallel!r} is not one of {', '.join(PARALLEL)}")
     elif t.parallel == "fsdp" and t.precision == "fp16":
@@ -496,8 +529,7 @@ def _semantic_problems(cfg: Config) -> list[str]:
     if b.quota_hours and not b.quota_reset:
         p.append("budget.quota_hours is set but budget.quota_reset is not (e.g. quota_reset = \"2026-09-26T00:00Z\")")
     p.extend(_budget_text_problems(b))
-    if not cfg.run.name or "/" in cfg.run.name or cfg.run.name in (".", ".."):
-        p.append(f"run.name={cfg.run.name!r} must be a plain name without '/'")
+    p.extend(run_name_problems(cfg.run.name, "run.name"))
     return p
 
 
@@ -527,6 +559,52 @@ def _publish_problems(cfg: Config) -> list[str]:
         out.append(f"publish.every must be >= 0, got {cfg.publish.every}")
     if cfg.eval.limit < 0:
         out.append(f"eval.limit must be >= 0, got {cfg.eval.limit}")
+    return out
+
+
+def _log_problems(lg: LogConfig) -> list[str]:
+    from .tracking.names import BACKENDS
+
+    out = [f"log.backends: {b!r} is not one of {', '.join(BACKENDS)}" for b in lg.backends or []
+           if b not in BACKENDS]
+    if len(set(lg.backends or [])) != len(lg.backends or []):
+        out.append(f"log.backends lists a backend twice: {lg.backends}")
+    if lg.mlflow_uri and _url_has_credentials(lg.mlflow_uri):
+        out.append("log.mlflow_uri must not carry credentials (user:password@); set MLFLOW_TRACKING_USERNAME / "
+                   "MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN in the environment instead")
+    return out
+
+
+def run_name_problems(name: Any, what: str) -> list[str]:
+    """A run name is a portable file name: it names a local folder and a store prefix."""
+    if isinstance(name, str) and RUN_NAME.fullmatch(name):
+        return []
+    return [f"{what}={name!r} must be a plain name without '/': 1-{RUN_NAME_MAX} letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (it names a folder and a store prefix)"]
+
+
+# A portable file name (POSIX's character set), short enough for the suffixes baton adds on any file system.
+RUN_NAME_MAX = 100
+RUN_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{RUN_NAME_MAX - 1}}}")
+
+
+def _nonfinite_problems(cfg: Config) -> list[str]:
+    """Every float key must be a finite number: NaN passes every range check (all comparisons are false)."""
+    out = []
+
+    def walk(obj: Any, where: str) -> None:
+        for f in dataclasses.fields(obj):
+            value, name = getattr(obj, f.name), f"{where}.{f.name}" if where else f.name
+            if dataclasses.is_dataclass(value):
+                walk(value, name)
+            elif isinstance(value, list):
+                for i, item in enumerate(value):
+                    if dataclasses.is_dataclass(item):
+                        walk(item, f"{name}[{i}]")
+            elif isinstance(value, float) and not math.isfinite(value):
+                out.append(f"{name} must be a finite number, got {value}")
+
+    walk(cfg, "")
     return out
 
 

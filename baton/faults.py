@@ -7,7 +7,8 @@ in "while writing the pointer" or "while pruning". Each phase therefore calls ``
 - ``BATON_FAULT_TRACE=<file>`` appends ``<name> <step> <pid> <thread>`` to the file at every point (so a
   test knows which phase a kill hit);
 - ``BATON_FAULT_PAUSE=<name>=<seconds>[,<name>=<seconds>...]`` sleeps at the named points, widening
-  that window so a kill can be aimed into it.
+  that window so a kill can be aimed into it; ``<name>@<step>=<seconds>`` only where the point passes that
+  step (a kill aimed at the last checkpoint's cycle need not wait at every earlier one).
 
 Nothing else changes: the code between points runs as in production, and the kill is a real SIGKILL.
 """
@@ -51,7 +52,8 @@ def point(name: str, step: int | None = None) -> None:
         with open(trace, "a", encoding="utf-8") as f:
             f.write(f"{name} {'-' if step is None else step} {os.getpid()} {threading.current_thread().name}\n")
     if pause:
-        seconds = _parse(pause).get(name)
+        table = _parse(pause)
+        seconds = table.get(f"{name}@{step}", table.get(name))
         if seconds:
             time.sleep(seconds)
 

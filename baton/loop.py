@@ -83,6 +83,8 @@ def train(s: Session) -> dict[str, Any]:
         track_nonfinite(s, m, step)
         step += 1
         spike = rollback.judge(s, step, m)
+        if s.eval_due(step):  # its values go in this step's metrics row
+            m.update(finishing.validate(s, step))
         s.record(step, m)
         if spike is not None and rollback.roll_back(s, spike):
             step = st.step  # back at the checkpoint before the spike, its data skipped
@@ -96,6 +98,8 @@ def train(s: Session) -> dict[str, Any]:
         ckpt.checkpoint(step)
     if step == p.total_steps:
         finishing.finish(s)
+        if s.trackers is not None and st.val:
+            s.trackers.final(step, st.val)
     tokens = (step - start) * p.cfg.train.global_batch * p.cfg.data.seq_len
     summary = finishing.summary(s, tokens / elapsed if elapsed > 0 and tokens else 0.0)
     finishing.write_summary(s, summary)

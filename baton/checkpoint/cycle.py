@@ -231,6 +231,18 @@ def _previous_history(store: Store, run: str) -> list[str] | None:
     return [h for h in hist if isinstance(h, str)]
 
 
+def finish_pruning(store: Store, run: str, pointer: dict[str, Any], keep_last: int) -> list[str]:
+    """At the start of a session: the pruning a killed session began (or never reached) after rolling the
+    pointer. Only checkpoints older than the pointer's, beyond the newest ``keep_last`` verified ones, go; the
+    pointer's own checkpoint and anything newer (an upload in progress elsewhere) stay."""
+    removed = apply_retention(store, run, keep_last, current=pointer["path"],
+                              verified=pointer.get("verified") if isinstance(pointer.get("verified"), list) else None)
+    if removed:
+        log.info("finished the pruning an earlier session left undone: removed %s from %s", ", ".join(removed),
+                 store.describe())
+    return removed
+
+
 def apply_retention(store: Store, run: str, keep_last: int, current: str, verified: list[str] | None = None) -> list[str]:
     """Delete checkpoints up to ``current`` beyond the newest ``keep_last`` verified ones. Failures are
     logged, not fatal.

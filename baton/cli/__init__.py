@@ -10,8 +10,20 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import BatonError
+from ..guard import count, finite_float
 
 log = logging.getLogger("baton")
+
+
+class UsageError(BatonError):
+    """A command line argparse refused: reported in the one-line form, not as a usage block."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's own errors: the same one line as every other input error
+        # An argument echoed back may hold a line break; the error stays one line.
+        flat = message.replace("\n", "\\n")
+        raise UsageError(f"{flat} (see `{self.prog} --help`)")
 
 
 def _config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -21,7 +33,7 @@ def _config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="baton", description="Pretrain small Llama models across interruptible "
+    parser = _Parser(prog="baton", description="Pretrain small Llama models across interruptible "
                                      "sessions; the baton is the last verified checkpoint in the store.")
     parser.add_argument("--version", action="version", version=f"baton {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -59,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "within H hours of this command starting (9h, 90m, 2.5); default budget.session_hours")
     p.add_argument("--deadline", default=None, metavar="TIME",
                    help="time budget as an instant (ISO 8601, e.g. 2026-09-26T18:00Z); the earlier of the two wins")
-    p.add_argument("--session-start", type=float, default=None, help=argparse.SUPPRESS)  # set by the launcher
+    p.add_argument("--session-start", type=finite_float(), default=None, help=argparse.SUPPRESS)  # set by the launcher
     p.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="processes on this machine, one per GPU (launches torchrun when N > 1 or with --nnodes)")
     g = p.add_argument_group("multi-node (passed to torchrun; see README 'Multi-GPU and multi-node')")
@@ -70,15 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rdzv-backend", default="c10d", metavar="NAME", help="rendezvous backend (default c10d)")
     g.add_argument("--master-addr", default=None, metavar="HOST",
                    help="static rendezvous instead: the address of node 0 (needs --node-rank)")
-    g.add_argument("--master-port", type=int, default=None, metavar="PORT", help="static rendezvous port")
-    g.add_argument("--node-rank", type=int, default=None, metavar="R", help="this node's rank (static rendezvous)")
-    g.add_argument("--shutdown-timeout", type=int, default=300, metavar="S",
+    g.add_argument("--master-port", type=count(1, 65535), default=None, metavar="PORT", help="static rendezvous port")
+    g.add_argument("--node-rank", type=count(0), default=None, metavar="R", help="this node's rank (static rendezvous)")
+    g.add_argument("--shutdown-timeout", type=count(1), default=300, metavar="S",
                    help="seconds the ranks get to checkpoint after a stop signal before torchrun kills them")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     p = sub.add_parser("export", help="write the model as a Hugging Face folder")
     _config_args(p)
-    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--out", required=True, help="output folder (new or empty; never inside the store, the run or "
+                   "the data folder)")
+    p.add_argument("--force", action="store_true", help="write into --out although it already holds files")
     p.add_argument("--from", dest="source", default="store",
                    help="'store' (the run's latest verified checkpoint) or a local checkpoint folder")
     p.add_argument("--step", type=int, default=None, metavar="N",
@@ -106,15 +120,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from", dest="source", required=True, help="an exported model folder (baton export, or "
                    "<run dir>/final)")
     p.add_argument("--prompt", default="def ", help="text to continue")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 for greedy decoding")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=count(1), default=64)
+    p.add_argument("--temperature", type=finite_float(0.0), default=0.8, help="0 for greedy decoding")
+    p.add_argument("--seed", type=count(0, 2**63 - 1), default=0)
 
     p = sub.add_parser("verify-data", help="rehash every shard and check the manifest")
     _config_args(p, required=False)
     p.add_argument("--dir", help="data folder: a local path or a store URL (file://, s3://, hf://); "
                    "default: data.url of the config when set, else data.dir")
-    p.add_argument("--workers", type=int, default=0, help="files hashed at once (default: 2 per core, at most 16)")
+    p.add_argument("--workers", type=count(0), default=0, help="files hashed at once (default: 2 per core, at most 16)")
 
     p = sub.add_parser("data-info", help="tokens, windows, horizon and margin for the config")
     _config_args(p)
@@ -135,11 +149,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tiny: a small stand-in model proves the pipeline; real: the configured shape")
     p.add_argument("--store", default=None, help="store URL for the scratch runs (default: store.url)")
     p.add_argument("--leg-steps", type=int, default=None, help="steps per resume leg (default 4 tiny, 2 real)")
-    p.add_argument("--session-hours", type=float, default=12.0, help="session length for the plan")
+    p.add_argument("--session-hours", type=finite_float(0.0, lo_open=True), default=12.0,
+                   help="session length for the plan")
     p.add_argument("--keep-work", action="store_true", help="keep the scratch run folders")
+    p.add_argument("--force", action="store_true", help="write into --out although it already holds files")
     p.add_argument("--resume-set", dest="resume_overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="a change planned between sessions, applied to every resumed leg: proves the resume "
                         "still reads the same data (or shows that it is refused)")
+
+    p = sub.add_parser("report", help="write report.md and plots of the run so far, from the store alone")
+    _config_args(p)
+    p.add_argument("--out", default=None, help="output folder (default: <run dir>/report)")
 
     p = sub.add_parser("config", help="print the resolved config as JSON, or the reference table")
     _config_args(p, required=False)
@@ -148,14 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     from ..runtime import logs
 
     rank = int(os.environ.get("RANK", 0))
     logs.setup(rank)
     status = 1
     try:
+        args = build_parser().parse_args(argv)
         status = COMMANDS[args.command](args)
     except BatonError as e:
         # Every rank prints its own error; ranks other than 0 say which they are.
@@ -165,8 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("baton: interrupted", file=sys.stderr)
         status = 130
-    except Exception as e:  # a bug or a dead peer: the full traceback, to this rank's log file and stderr
-        logs.log_failure(rank, e)
+    except Exception as e:  # a bug or a dead peer: the traceback to a log file, one line naming it to the terminal
+        from ..reads import one_line
+
+        path = logs.log_failure(rank, e)
+        print(f"{f'[rank {rank}] ' if rank else ''}baton: internal error (a bug, not a problem with the input): "
+              f"{type(e).__name__}: {one_line(e)}; the traceback is in {path}", file=sys.stderr)
         status = 1
     logs.exit_record(rank, status)
     return status
@@ -174,8 +197,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _load(args):
     from ..config import load_config
+    from ..guard import check_layout
 
-    return load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides)
+    if args.command != "config":  # the store, run and data folders: folders, apart, before any work
+        check_layout(cfg)
+    return cfg
 
 
 def cmd_prepare(args) -> int:
@@ -217,7 +244,7 @@ def cmd_train(args) -> int:
 def cmd_export(args) -> int:
     from ..api import export
 
-    export(_load(args), Path(args.out), args.source, args.step)
+    export(_load(args), args.out, args.source, args.step, force=args.force)
     return 0
 
 
@@ -246,9 +273,11 @@ def cmd_publish(args) -> int:
 
 
 def cmd_sample(args) -> int:
+    from ..guard import input_dir
     from ..model.export import generate
 
-    print(generate(Path(args.source), args.prompt, args.max_new_tokens, args.temperature, args.seed))
+    folder = input_dir(args.source, "--from", "give a folder written by `baton export`, or run `baton export` first")
+    print(generate(folder, args.prompt, args.max_new_tokens, args.temperature, args.seed))
     return 0
 
 
@@ -256,7 +285,11 @@ def cmd_verify_data(args) -> int:
     from ..data.verify import verify_data
 
     if args.dir:
+        from ..guard import input_dir, local_store_root
+
         folder = args.dir
+        if local_store_root(folder) is not None:
+            input_dir(local_store_root(folder), "--dir", "give the data folder `baton prepare` wrote")
     elif args.config:
         cfg = _load(args)
         folder = cfg.data.url or cfg.data.dir
@@ -334,12 +367,27 @@ def cmd_status(args) -> int:
     return run_status(args, _load(args))
 
 
+def cmd_report(args) -> int:
+    from ..guard import output_dir
+    from ..report import gather, write_report
+
+    cfg = _load(args)
+    # A report is rewritten whole each time; its default place is the run folder, never the store.
+    out = output_dir(args.out, "--out", cfg, force=True, own=("the run folder",)) if args.out else cfg.run_dir / "report"
+    path = write_report(gather(cfg), out)
+    print(f"report: {path} (plots beside it)")
+    return 0
+
+
 def cmd_preflight(args) -> int:
     from ..preflight import parse_stages, run_preflight
 
     if args.leg_steps is not None and args.leg_steps < 1:
         raise BatonError(f"--leg-steps must be >= 1, got {args.leg_steps}")
-    doc = run_preflight(args.config, Path(args.out), parse_stages(args.stages), args.scale, args.overrides,
+    from ..guard import output_dir
+
+    out = output_dir(args.out, "--out", _load(args), args.force)
+    doc = run_preflight(args.config, out, parse_stages(args.stages), args.scale, args.overrides,
                         args.store, args.leg_steps, args.session_hours, args.keep_work, args.resume_overrides)
     for row in doc["scorecard"]:
         print(f"{row['n']:>2}. {row['result']:<10} {row['requirement']}")
@@ -355,6 +403,7 @@ COMMANDS = {
     "plan": cmd_plan,
     "ledger": cmd_ledger,
     "status": cmd_status,
+    "report": cmd_report,
     "prepare": cmd_prepare,
     "publish-data": cmd_publish_data,
     "train": cmd_train,

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import sys
 from datetime import datetime, timezone
-from pathlib import Path
 
 from ..config import Config
 from ..errors import BatonError
+from ..guard import count
 from ..planning.plan import iso, parse_count, plan
 from ..planning.tripwires import apply_tripwires, evaluate_tripwires, parse_tripwire
 from ..views.plan import format_plan, plan_input, plan_options
@@ -26,10 +26,10 @@ def add_plan_parsers(sub, config_args) -> None:
     p.add_argument("--compile", default="off", metavar="LIST", help="torch.compile: off,on (default off)")
     p.add_argument("--tokens-per-step", default=None, metavar="N",
                    help="tokens per optimizer step per rank, fixed over the grid (default: the config's / --ranks)")
-    p.add_argument("--ranks", type=int, default=1, help="ranks of the real run: hours for the target assume N "
+    p.add_argument("--ranks", type=count(1), default=1, help="ranks of the real run: hours for the target assume N "
                    "ranks at the measured rate each (linear scaling, an upper bound)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per cell")
-    p.add_argument("--steps", type=int, default=5, help="timed steps per cell")
+    p.add_argument("--warmup", type=count(0), default=2, help="untimed steps per cell")
+    p.add_argument("--steps", type=count(1), default=5, help="timed steps per cell")
     p.add_argument("--mem-cap", default=None, metavar="SIZE",
                    help="memory cap (12GiB, 512MiB): cells over it are recorded as OOM; on CPU it applies to the "
                         "resident memory a cell adds to the process")
@@ -103,7 +103,10 @@ def run_bench(args, cfg: Config) -> int:
         cfg.tokens_per_step // args.ranks
     cap = bench.parse_size(args.mem_cap) if args.mem_cap else None
     target = cfg.train.target_tokens or cfg.total_steps * cfg.tokens_per_step
-    out = Path(args.out) if args.out else cfg.run_dir / "bench"
+    from ..guard import output_dir
+
+    # Bench results belong to the run (the default is <run dir>/bench); any other place is checked like an output.
+    out = output_dir(args.out, "--out", cfg, force=True, own=("the run folder",)) if args.out else cfg.run_dir / "bench"
 
     def progress(cell):
         rate = f"{cell.tokens_per_s:,.0f} tok/s" if cell.tokens_per_s else cell.reason

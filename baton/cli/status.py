@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from ..config import Config
+from ..errors import BatonError
 from ..planning import ledger as L
 from ..store import RetryPolicy, open_store
 from ..views.status import status
@@ -13,7 +14,12 @@ from ..views.status import status
 
 def run_ledger(args, cfg: Config) -> int:
     store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
+    from ..config import run_name_problems
+
     runs = args.run or [cfg.run.name]
+    problems = [p for run in runs for p in run_name_problems(run, "--run")]
+    if problems:
+        raise BatonError(problems[0])
     records, problems = [], []
     for run in runs:
         r, p = L.read_ledger(store, run)
@@ -80,4 +86,5 @@ def run_status(args, cfg: Config) -> int:
           + (f"; this quota period {led['period_hours']:.4f} of {led['quota_hours']:g} h" if led["period_hours"]
              is not None else "") + (f"; cap {led['cap_hours']:g} h, {led['cap_left']:.4f} h left" if led["cap_left"]
                                       is not None else ""))
+    print("curves, sessions and plots: baton report -c CONFIG [--out DIR]")
     return 0

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..config import SourceConfig
 from ..errors import DataError
+from ..reads import reading
 
 Doc = tuple[str, int, list[int]]
 GZIP_RATIO = 4  # size estimate of gzip-compressed text: the interleave only needs proportions
@@ -45,6 +46,14 @@ def expand(path: str, kind: str = "text") -> list[Path]:
 
 def _open_text(path: Path):
     return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+
+
+def _reading(path: Path, kind: str):
+    """A source file read through its library (gzip, json, pyarrow, datasets): a damaged one is named."""
+    what = {"parquet": "Parquet file", "hf_dataset": "dataset folder"}.get(
+        kind, "gzip file" if path.name.endswith(".gz") else f"{kind} file")
+    return reading(path, f"data source {what}", "replace or remove the file, or fix the source's path, then rerun "
+                   "`baton prepare`")
 
 
 class SourceReader:
@@ -77,7 +86,8 @@ class SourceReader:
 
             total = 0
             for f in self.files:
-                md = pq.ParquetFile(f).metadata
+                with _reading(f, "parquet"):
+                    md = pq.ParquetFile(f).metadata
                 for g in range(md.num_row_groups):
                     rg = md.row_group(g)
                     total += sum(rg.column(c).total_uncompressed_size for c in range(rg.num_columns)
@@ -103,7 +113,7 @@ class SourceReader:
     # ---- kinds
     def _text(self, pos: list[int]) -> Iterator[Doc]:
         for i in range(pos[0], len(self.files)):
-            with _open_text(self.files[i]) as fh:
+            with _reading(self.files[i], "text"), _open_text(self.files[i]) as fh:
                 raw = fh.read()
             if raw:
                 yield raw.decode("utf-8", errors="replace"), len(raw), [i + 1]
@@ -114,7 +124,7 @@ class SourceReader:
         field = self.src.field
         while fi < len(self.files):
             path = self.files[fi]
-            with _open_text(path) as fh:
+            with _reading(path, "jsonl"), _open_text(path) as fh:
                 fh.seek(offset)
                 for line in fh:
                     offset += len(line)
@@ -140,28 +150,31 @@ class SourceReader:
         import pyarrow.parquet as pq
 
         fi, row = pos
-        field = self.src.field
         while fi < len(self.files):
-            pf = pq.ParquetFile(self.files[fi])
-            if field not in pf.schema_arrow.names:
-                names = ", ".join(pf.schema_arrow.names)
-                raise DataError(f"{self.files[fi]} has no column {field!r} (columns: {names})")
-            md, first, g = pf.metadata, 0, 0
-            while g < md.num_row_groups and first + md.row_group(g).num_rows <= row:
-                first += md.row_group(g).num_rows
-                g += 1
-            if g < md.num_row_groups:
-                r = first
-                for batch in pf.iter_batches(batch_size=1024, row_groups=range(g, md.num_row_groups), columns=[field]):
-                    values = batch.column(0).to_pylist()
-                    for k in range(max(0, row - r), len(values)):
-                        v = values[k]
-                        if v is None or v == "":
-                            continue
-                        text = v if isinstance(v, str) else str(v)
-                        yield text, len(text.encode("utf-8")), [fi, r + k + 1]
-                    r += len(values)
+            with _reading(self.files[fi], "parquet"):
+                yield from self._parquet_file(pq.ParquetFile(self.files[fi]), fi, row)
             fi, row = fi + 1, 0
+
+    def _parquet_file(self, pf, fi: int, row: int) -> Iterator[Doc]:
+        field = self.src.field
+        if field not in pf.schema_arrow.names:
+            names = ", ".join(pf.schema_arrow.names)
+            raise DataError(f"{self.files[fi]} has no column {field!r} (columns: {names})")
+        md, first, g = pf.metadata, 0, 0
+        while g < md.num_row_groups and first + md.row_group(g).num_rows <= row:
+            first += md.row_group(g).num_rows
+            g += 1
+        if g < md.num_row_groups:
+            r = first
+            for batch in pf.iter_batches(batch_size=1024, row_groups=range(g, md.num_row_groups), columns=[field]):
+                values = batch.column(0).to_pylist()
+                for k in range(max(0, row - r), len(values)):
+                    v = values[k]
+                    if v is None or v == "":
+                        continue
+                    text = v if isinstance(v, str) else str(v)
+                    yield text, len(text.encode("utf-8")), [fi, r + k + 1]
+                r += len(values)
 
     def _load_dataset(self):
         try:
@@ -169,7 +182,8 @@ class SourceReader:
         except ImportError:
             raise DataError("source kind hf_dataset needs the `datasets` package (pip install datasets)") from None
         try:
-            ds = datasets.load_from_disk(self.src.path)
+            with _reading(Path(self.src.path), "hf_dataset"):
+                ds = datasets.load_from_disk(self.src.path)
         except FileNotFoundError as e:
             raise DataError(f"{self.src.path} is not a folder saved by datasets' save_to_disk ({e})") from None
         if isinstance(ds, datasets.DatasetDict):

@@ -52,10 +52,12 @@ def load_tokenizer(spec: str | Path) -> Tokenizer:
         raise DataError(
             f"tokenizer {str(spec)!r} not found (give a tokenizer.json, a folder holding one, or \"\" to train one)"
         )
-    try:
+    from ..reads import reading
+
+    # tokenizers raises a bare Exception on malformed files
+    with reading(p, "tokenizer", "give a tokenizer.json saved by the tokenizers library, or \"\" to train one",
+                 also=(Exception,)):
         return Tokenizer.from_file(str(p))
-    except Exception as e:  # tokenizers raises a bare Exception on malformed files
-        raise DataError(f"tokenizer {p} could not be loaded: {e}") from None
 
 
 def data_tokenizer(data_dir: str | Path) -> Tokenizer:

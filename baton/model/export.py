@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from ..errors import BatonError
@@ -19,7 +18,9 @@ def export_model(model: torch.nn.Module, tokenizer_file: Path, out: Path, eos_to
     model = getattr(model, "module", model)
     out.mkdir(parents=True, exist_ok=True)
     cfg = copy.deepcopy(model.config)
-    eos_id = Tokenizer.from_file(str(tokenizer_file)).token_to_id(eos_token)
+    from ..data.tokenize import load_tokenizer
+
+    eos_id = load_tokenizer(tokenizer_file).token_to_id(eos_token)
     cfg.use_cache = True  # training turns the KV cache off; generation wants it
     cfg.eos_token_id = cfg.bos_token_id = eos_id
     cfg.pad_token_id = None
@@ -46,8 +47,13 @@ def generate(folder: Path, prompt: str, max_new_tokens: int = 64, temperature: f
     if not any((folder / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json")):
         raise BatonError(f"{folder} holds no model.safetensors: baton loads weights only from safetensors, never "
                          "from pickle (.bin) files (export the model with `baton export`)")
-    tok = AutoTokenizer.from_pretrained(str(folder))
-    model = AutoModelForCausalLM.from_pretrained(str(folder), use_safetensors=True)
+    from ..reads import reading
+
+    # transformers raises a different type for every way a folder can be damaged; only the loads are wrapped.
+    with reading(folder, "exported model folder", "export the model again with `baton export --force`",
+                 also=(Exception,)):
+        tok = AutoTokenizer.from_pretrained(str(folder))
+        model = AutoModelForCausalLM.from_pretrained(str(folder), use_safetensors=True)
     model.eval()
     torch.manual_seed(seed)
     ids = tok(prompt or tok.eos_token, return_tensors="pt").input_ids

@@ -27,17 +27,24 @@ HOUR = 3600.0
 def parse_hours(text: str | float, what: str = "duration") -> float:
     """'9h', '90m', '45s', '1h30m' or a bare number of hours -> hours."""
     if isinstance(text, (int, float)):
-        return float(text)
+        return _finite(float(text), text, what)
     s = text.strip().lower()
     try:
-        return float(s)
+        return _finite(float(s), text, what)
     except ValueError:
         pass
     parts = re.findall(r"(\d+(?:\.\d*)?|\.\d+)\s*(d|h|m|s)", s)
     if not parts or re.sub(r"(\d+(?:\.\d*)?|\.\d+)\s*(d|h|m|s)", "", s).strip():
         raise BatonError(f"{what} {text!r} is not a duration (examples: 9h, 90m, 1h30m, 45s, 2.5)")
     unit = {"d": 24.0, "h": 1.0, "m": 1 / 60, "s": 1 / 3600}
-    return sum(float(n) * unit[u] for n, u in parts)
+    return _finite(sum(float(n) * unit[u] for n, u in parts), text, what)
+
+
+def _finite(value: float, text: object, what: str) -> float:
+    """A duration or count is a finite number >= 0: NaN and infinity would pass every later comparison."""
+    if not math.isfinite(value) or value < 0:
+        raise BatonError(f"{what} {text!r} must be a finite number >= 0")
+    return value
 
 
 def parse_margin(text: str, session_hours: float) -> float:
@@ -57,14 +64,14 @@ def parse_margin(text: str, session_hours: float) -> float:
 def parse_count(text: str | int | float, what: str) -> int:
     """'1e9', '0.9B', '900M', '262,144' -> int."""
     if isinstance(text, (int, float)):
-        return int(text)
+        return int(_finite(float(text), text, what))
     s = text.strip().replace(",", "").replace("_", "")
     mult = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}.get(s[-1:].lower())
     try:
         value = float(s[:-1]) * mult if mult else float(s)
     except ValueError:
         raise BatonError(f"{what} {text!r} is not a number (examples: 1e9, 0.9B, 900M, 262144)") from None
-    return int(round(value))
+    return int(round(_finite(value, text, what)))
 
 
 def parse_instant(text: str, what: str = "time") -> datetime:

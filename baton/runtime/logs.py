@@ -1,6 +1,7 @@
 """Per-rank logging: every rank writes its own file; rank 0 (and any rank's warnings) reach stderr.
 
-A rank that fails writes its full traceback to its own file and to stderr, and every rank ends its file
+A rank that fails on a bug writes its full traceback to its own file (stderr gets one line naming the
+file), and every rank ends its file
 with an exit record, so the launcher can tell, rank by rank, who failed first and who exited cleanly.
 """
 
@@ -51,9 +52,42 @@ def setup(rank: int = 0, log_dir: Path | None = None, verbose: bool = False) -> 
     return path
 
 
-def log_failure(rank: int, exc: BaseException) -> None:
-    """The whole traceback, to this rank's file and to stderr (every rank's console shows errors)."""
-    log.error("rank %d failed: %s: %s", rank, type(exc).__name__, exc, exc_info=(type(exc), exc, exc.__traceback__))
+def log_failure(rank: int, exc: BaseException) -> Path:
+    """A bug (or a dead peer): the whole traceback to this rank's log file, or to a crash file of its own
+    when the command keeps no log; returns that file's path for the one line the terminal gets."""
+    path = next((Path(h.baseFilename) for h in log.handlers if getattr(h, "_baton_file", False)), None)
+    if path is None:
+        path = _crash_file(rank)
+    file_only(logging.ERROR, f"rank {rank} failed: {type(exc).__name__}: {exc}",
+              exc_info=(type(exc), exc, exc.__traceback__))
+    return path
+
+
+def _crash_file(rank: int) -> Path:
+    """A new log file for a command that keeps none (every command but train): the user's cache folder,
+    or the temporary folder when that cannot be written."""
+    import os
+    import tempfile
+    import time
+
+    name = f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-rank{rank}.log"
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "baton" / "logs"
+    fh: logging.Handler
+    for folder in (cache, Path(tempfile.gettempdir()) / "baton-logs"):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fh = logging.FileHandler(folder / name, encoding="utf-8")
+            break
+        except OSError:
+            continue
+    else:  # no disk takes a write: the traceback goes to the terminal after all
+        fh = logging.StreamHandler(sys.stderr)
+        fh.baseFilename = "<stderr>"  # type: ignore[attr-defined]
+    fh.setFormatter(logging.Formatter(_FMT.format(rank=rank)))
+    fh._baton = True  # type: ignore[union-attr]
+    fh._baton_file = True  # type: ignore[union-attr]
+    log.addHandler(fh)
+    return Path(fh.baseFilename)
 
 
 def exit_record(rank: int, status: int) -> None:
@@ -61,9 +95,9 @@ def exit_record(rank: int, status: int) -> None:
     file_only(logging.INFO, f"EXIT rank={rank} status={status}")
 
 
-def file_only(level: int, message: str) -> None:
+def file_only(level: int, message: str, exc_info=None) -> None:
     """A record for this rank's log file that the console has already shown in its own words."""
-    record = log.makeRecord(log.name, level, __file__, 0, message, (), None)
+    record = log.makeRecord(log.name, level, __file__, 0, message, (), exc_info)
     for h in log.handlers:
         if getattr(h, "_baton_file", False):
             h.handle(record)

@@ -22,6 +22,7 @@ from ..errors import BatonError, StoreError
 from ..model.llama import build_model
 from ..model.optimizer import adamw
 from ..runtime import dist
+from ..tracking import Trackers
 from ..versions import versions
 from .clock import TimeBudget
 from .drift import state_data
@@ -35,11 +36,12 @@ class Checkpointer:
     """Owns the push in flight and the lineage: the newest verified checkpoint a new one continues."""
 
     def __init__(self, parts: Parts, state: TrainState, budget: TimeBudget, parent: dict[str, Any] | None,
-                 metrics_path: Path):
+                 metrics_path: Path, trackers: Trackers | None = None):
         self.parts = parts
         self.state = state
         self.budget = budget
         self.metrics_path = metrics_path
+        self.trackers = trackers  # rank 0's; told of each verified checkpoint (the rows up to it are kept)
         # Rank 0 pushes in the background (store.async_push); every rank learns the outcome at a boundary.
         self.pusher = Pusher(background=parts.cfg.store.async_push)
         # (step, start, samples consumed, seconds the save took) of the push in flight, booked when it ends
@@ -109,9 +111,13 @@ class Checkpointer:
 
     def _push_error(self, step: int, cause: str) -> StoreError:
         p = self.parts
+        # self.parent: the last checkpoint of this run that was verified (None before the first: no pointer yet).
+        held = (f"the pointer still names the verified checkpoint at step {self.parent['step']}" if self.parent else
+                "the store holds no verified checkpoint of this run yet (no pointer was written)")
         return StoreError(
-            f"checkpoint at step {step} was not verified in {p.store.describe()} ({cause}); the pointer still "
-            f"names the previous verified checkpoint and the local copy is kept in {p.run_dir / 'ckpt'}"
+            f"checkpoint at step {step} was not verified in {p.store.describe()} ({cause}); {held}; the local copy "
+            f"is kept in {p.run_dir / 'ckpt'}: fix the store's problem, then rerun the same `baton train` command, "
+            "which pushes the kept copy before training on"
         )
 
     def collect(self) -> PushResult | None:
@@ -133,6 +139,8 @@ class Checkpointer:
         self.budget.observe_checkpoint(seconds, at=t0)
         if ledger is not None:
             ledger.checkpoint(step, seconds, result.verified, self.budget.stepping_seconds)
+        if self.trackers is not None and result.verified:
+            self.trackers.verified(step)
         self.saved.append({"step": step, "samples_consumed": samples, "verified": result.verified,
                            "seconds": round(result.seconds, 3), "path": result.path})
         log.info("CKPT step %d samples=%d push+verify=%.1fs verified=%s", step, samples, result.seconds,

@@ -41,6 +41,10 @@ class TimeBudget:
         self.ckpt_max: float | None = None
         self.last_ckpt = time.time() if start is None else start
         self.stepping_seconds = 0.0
+        self.eval_max: float | None = None  # the slowest periodic evaluation measured in this session
+
+    def observe_eval(self, seconds: float) -> None:
+        self.eval_max = seconds if self.eval_max is None else max(self.eval_max, seconds)
 
     def observe_step(self, seconds: float) -> None:
         self.steps.append(seconds)
@@ -58,17 +62,25 @@ class TimeBudget:
     def ckpt_estimate(self) -> float:
         return self.ckpt_max if self.ckpt_max is not None else self.ckpt_guess_s
 
-    def needed(self, final: bool) -> float:
-        """Seconds one more step and the end of the session take; ``final``: that step reaches the horizon,
-        where the evaluation runs and the exported model is pushed too (one more cycle)."""
-        finish = self.ckpt_estimate + self.step_estimate * self.eval_steps if final else 0.0
-        return self.step_estimate + self.ckpt_estimate + finish + self.margin_s
+    @property
+    def eval_estimate(self) -> float:
+        """One evaluation of the held-out windows: as measured, or guessed from the step time."""
+        guess = self.step_estimate * self.eval_steps
+        return guess if self.eval_max is None else max(guess, self.eval_max)
 
-    def should_stop(self, now: float, final: bool = False, in_flight: bool = False) -> bool:
+    def needed(self, final: bool, evaluates: bool = False) -> float:
+        """Seconds one more step and the end of the session take; ``final``: that step reaches the horizon,
+        where the evaluation runs and the exported model is pushed too (one more cycle); ``evaluates``: a
+        periodic evaluation follows that step."""
+        finish = self.ckpt_estimate + self.eval_estimate if final else 0.0
+        periodic = self.eval_estimate if evaluates else 0.0
+        return self.step_estimate + periodic + self.ckpt_estimate + finish + self.margin_s
+
+    def should_stop(self, now: float, final: bool = False, in_flight: bool = False, evaluates: bool = False) -> bool:
         """``in_flight``: a background push is still running; the session waits for it before its last one."""
         if self.deadline is None:
             return False
-        return now + self.needed(final) + (self.ckpt_estimate if in_flight else 0.0) > self.deadline
+        return now + self.needed(final, evaluates) + (self.ckpt_estimate if in_flight else 0.0) > self.deadline
 
     def checkpoint_due(self, now: float) -> bool:
         return self.ckpt_every_s > 0 and now - self.last_ckpt >= self.ckpt_every_s

@@ -11,14 +11,12 @@ counters), ``checkpointer`` (the push in flight and the lineage), ``budget`` (th
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import signal
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 
@@ -28,6 +26,7 @@ from ..errors import BatonError
 from ..planning.ledger import checkpoint_seconds, read_ledger
 from ..runtime import dist
 from ..runtime.memory import rss_peak
+from ..tracking import Trackers, check_installed, open_trackers
 from . import parts as session_parts
 from . import resume as resuming
 from .checkpointer import Checkpointer
@@ -57,6 +56,7 @@ class Session:
         self.deadline = deadline
         self.progress_enabled = progress
         self._ledger_open = True
+        check_installed(cfg.log.backends)  # a missing tracker package fails now, not after the first hour
         p = session_parts.build(cfg, stop_after, self.t_start, deadline)
         self.parts = p
         self.allow_change = frozenset(allow_change)  # keys a resume may change on purpose (session.drift)
@@ -74,10 +74,15 @@ class Session:
         # Wrapped after resuming: the checkpoint is the full state, loaded into the plain model first.
         self.parts = p = p.wrapped()
         self.metrics_path = p.run_dir / "metrics.jsonl"
-        self.checkpointer = Checkpointer(p, self.state, self.budget, resumed.parent, self.metrics_path)
+        self.trackers: Trackers | None = None  # rank 0's: metrics.jsonl, TensorBoard, W&B, MLflow ([log])
+        if p.dist.is_main:
+            try:  # opened after resuming rewrote metrics.jsonl
+                self.trackers = open_trackers(cfg, p.store, self.state.step, self.metrics_path)
+            except BaseException as e:
+                self.end_ledger(f"failed: {type(e).__name__}: {e}")
+                raise
+        self.checkpointer = Checkpointer(p, self.state, self.budget, resumed.parent, self.metrics_path, self.trackers)
         self._batch_rows = torch.zeros(cfg.train.global_batch, dtype=torch.float64)
-        self._metrics_file: TextIO | None = None
-        self._tb = _tensorboard(p.run_dir) if p.dist.is_main else None
         self._signals = StopSignals()
         self._signals.install()
         self._bar = None
@@ -135,9 +140,13 @@ class Session:
         p, now = self.parts, time.time()
         flags = [False, self._signals.signum is not None, False, False]
         if p.dist.is_main:
-            flags[0] = self.checkpointer.pusher.failure() is not None
-            flags[2] = self.budget.should_stop(now, final=step + 1 >= p.total_steps,
-                                               in_flight=self.checkpointer.pusher.in_flight)
+            ckpt = self.checkpointer
+            finished = not ckpt.pusher.in_flight  # read first: the failure check below then sees the final state
+            flags[0] = ckpt.pusher.failure() is not None
+            if finished and not flags[0] and ckpt.pending is not None:
+                ckpt.collect()  # booked as soon as it is verified: its rows reach the trackers
+            flags[2] = self.budget.should_stop(now, final=step + 1 >= p.total_steps, in_flight=ckpt.pusher.in_flight,
+                                               evaluates=self.eval_due(step + 1))
             flags[3] = self.budget.checkpoint_due(now)
             if p.ledger is not None and self._ledger_open and p.ledger.heartbeat_due(now):
                 p.ledger.heartbeat(step, self.budget.stepping_seconds)
@@ -198,18 +207,18 @@ class Session:
         u = p.flops.mfu(m["tokens_per_s"])
         if u is not None:
             row["mfu"] = round(u, 4)
-        if self._metrics_file is None:
-            # Opened once, after resuming rewrote the file; line-buffered, so each step is on disk when it ends.
-            self._metrics_file = open(self.metrics_path, "a", encoding="utf-8", buffering=1)
-        self._metrics_file.write(json.dumps(row) + "\n")
-        if self._tb is not None:
-            for k in ("loss", "lr", "grad_norm", "tokens_per_s"):
-                self._tb.add_scalar(f"train/{k}", m[k], step)
+        assert self.trackers is not None  # rank 0 opened them
+        self.trackers.log(step, row)
+        if "val_loss" in m:
+            log.info("step %d validation: loss %.4f ppl %.2f over %d windows (%.1f s)", step, m["val_loss"],
+                     m["val_ppl"], m["val_windows"], m["eval_seconds"])
         if self._bar is not None:
             self._bar.update(1)
-            if step % p.cfg.train.log_every == 0 or step == p.stop_step:
+            if step % p.cfg.train.log_every == 0 or step == p.stop_step or "val_loss" in m:
+                val = st.val.get("val_loss") if st.val else None
                 self._bar.set_postfix(loss=f"{m['loss']:.4f}", lr=f"{m['lr']:.2e}", tok_s=f"{m['tokens_per_s']:.0f}",
-                                      **({"mfu": f"{u:.1%}"} if u is not None else {}))
+                                      **({"mfu": f"{u:.1%}"} if u is not None else {}),
+                                      **({"val": f"{val:.4f}"} if val is not None else {}))
         if step % p.cfg.train.log_every == 0:
             log.debug("step %d loss %.4f lr %.3e gnorm %.3f tok/s %.0f", step, m["loss"], m["lr"], m["grad_norm"],
                       m["tokens_per_s"])
@@ -222,6 +231,11 @@ class Session:
                          disable=not (self.progress_enabled and p.dist.is_main), mininterval=1.0, dynamic_ncols=True)
         return self._bar
 
+    def eval_due(self, step: int) -> bool:
+        """Periodic validation after step ``step`` (the horizon's own evaluation is the final one)."""
+        every = self.parts.cfg.train.eval_every
+        return bool(every) and step % every == 0 and step < self.parts.total_steps
+
     def checkpoint_due(self, step: int) -> bool:
         every = self.parts.cfg.train.ckpt_every
         return bool(every) and step % every == 0 and step < self.parts.stop_step
@@ -231,11 +245,8 @@ class Session:
         self.end_ledger(outcome)
         if self._bar is not None:
             self._bar.close()
-        if self._metrics_file is not None:
-            self._metrics_file.close()
-            self._metrics_file = None
-        if self._tb is not None:
-            self._tb.close()
+        if self.trackers is not None:
+            self.trackers.close(complete=outcome == "completed")
         self._signals.restore()
 
 
@@ -243,10 +254,3 @@ def _row_digest(row) -> float:
     # 31 bits: a sum of one such value per position is exact in the float64 all-reduce.
     return float(int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=4).digest(), "little") >> 1)
 
-
-def _tensorboard(run_dir: Path):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        return None
-    return SummaryWriter(str(run_dir / "tensorboard"))

@@ -28,9 +28,15 @@ log = logging.getLogger(__name__)
 
 @torch.no_grad()
 def evaluate(s: Session) -> dict[str, float]:
-    """Loss and perplexity over the held-out windows, split across ranks and summed."""
+    """Loss and perplexity over the held-out windows, split across ranks and summed.
+
+    Training may go on after it (``train.eval_every``), so it leaves no trace there: the model back in train
+    mode, the random generators as they were (the model draws none today; a later one with dropout would).
+    """
     p, st = s.parts, s.state
+    rng = torch.get_rng_state(), (torch.cuda.get_rng_state(p.device) if p.device.type == "cuda" else None)
     if p.device.type == "cuda":
+        st.peak_train = max(st.peak_train, torch.cuda.max_memory_allocated(p.device))  # before the reset below
         torch.cuda.reset_peak_memory_stats(p.device)
     model = getattr(p.model, "module", p.model)
     model.eval()
@@ -49,13 +55,28 @@ def evaluate(s: Session) -> dict[str, float]:
             loss_sum += float(losses.double().sum())
             count += len(chunk)
     model.train()
+    torch.set_rng_state(rng[0])
+    if rng[1] is not None:
+        torch.cuda.set_rng_state(rng[1], p.device)
     loss_sum = dist.total(loss_sum, p.device)
     count = int(dist.total(count, p.device))
-    st.peak_eval = torch.cuda.max_memory_allocated(p.device) if p.device.type == "cuda" else rss_peak()
+    st.peak_eval = max(st.peak_eval, torch.cuda.max_memory_allocated(p.device) if p.device.type == "cuda" else rss_peak())
     if count == 0:
         return {}
     val_loss = loss_sum / count
     return {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700)), "val_windows": count}
+
+def validate(s: Session, step: int) -> dict[str, float]:
+    """A periodic evaluation during training (``train.eval_every``): its values for the step's metrics row,
+    with its cost in seconds, which the time budget counts before the next one."""
+    t0 = time.perf_counter()
+    val = evaluate(s)
+    seconds = time.perf_counter() - t0
+    s.budget.observe_eval(seconds)
+    if val:
+        s.state.val = {**val, "val_step": step}
+    return {**val, "eval_seconds": round(seconds, 4)} if val else {}
+
 
 def finish(s: Session) -> None:
     """At the horizon: final evaluation, export, push the export, and mark the run complete."""
@@ -70,7 +91,9 @@ def finish(s: Session) -> None:
         try:
             _publish_final(s, plain[0])
         except (BatonError, OSError) as e:
-            err = f"the final model could not be published to {p.store.describe()}: {type(e).__name__}: {e}"
+            err = (f"the final model could not be published to {p.store.describe()}: {type(e).__name__}: {e}; the "
+                   f"pointer still names the verified checkpoint at step {st.step}: fix the store's problem, then "
+                   "rerun `baton train`, which publishes it again")
         if err is None and p.cfg.publish.url:
             from ..release.publish import publish_trained
 
@@ -95,8 +118,10 @@ def _publish_final(s: Session, model: torch.nn.Module) -> None:
     export_model(model, Path(p.cfg.data.dir) / TOKENIZER_FILE, out, manifest["eos_token"],
                  meta={"run": p.run, "step": st.step, **(st.val or {}), "config": p.cfg.to_dict()})
     files, _ = push_folder(p.store, out, f"{p.run}/final", p.cfg.store.verify)
+    # The verified history stays in the pointer: retention in later sessions goes by it.
+    history = {"verified": pointer["verified"]} if "verified" in pointer else {}
     done = make_pointer(p.run, pointer["step"], pointer["path"], pointer["files"], pointer["cursor"],
-                        complete=True, extra={"final": {"path": "final", "files": files}, **(st.val or {})})
+                        complete=True, extra={"final": {"path": "final", "files": files}, **history, **(st.val or {})})
     write_pointer(p.store, p.run, done)
     log.info("run %s complete: final model verified at %s/final; pointer marks the run complete",
              p.run, p.run)
@@ -119,6 +144,9 @@ def summary(s: Session, tokens_per_s: float) -> dict[str, Any]:
         "final_train_loss": st.stats.last_loss,
         "val_loss": (st.val or {}).get("val_loss"),
         "val_ppl": (st.val or {}).get("val_ppl"),
+        # The step of that validation: the horizon's, or the newest periodic one (train.eval_every).
+        "val_step": (st.val or {}).get("val_step", st.step if st.val else None),
+        "eval_seconds_max": s.budget.eval_max,
         "tokens_per_s": tokens_per_s,
         **p.flops.summary(tokens_per_s),
         "precision": p.cfg.train.precision,

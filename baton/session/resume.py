@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..checkpoint import state as ckstate
-from ..checkpoint.cycle import POINTER, push_checkpoint
+from ..checkpoint.cycle import POINTER, finish_pruning, push_checkpoint
 from ..checkpoint.pull import pull_checkpoint, read_pointer
 from ..data.reader import Cursor
 from ..errors import BatonError, ResumeError
@@ -64,6 +64,8 @@ def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
                 pointer = read_pointer(s.store, s.run)
                 if pointer is None or not pointer.get("complete"):
                     pointer, finished = _finish_interrupted_push(s, pointer, allow_change)
+                if pointer is not None:
+                    finish_pruning(s.store, s.run, pointer, s.cfg.store.keep_last)
             except BatonError as e:
                 err = str(e)
         pointer, err = dist.broadcast((pointer, err))

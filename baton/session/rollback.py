@@ -41,13 +41,18 @@ def judge(s: Session, step: int, m: dict[str, Any]) -> Spike | None:
     spike = s.state.spikes.observe(step, m["loss"])
     if spike is None:
         return None
-    m["spike"] = round(spike.score, 2)
-    train = s.parts.cfg.train
+    p = s.parts
+    gb = p.cfg.train.global_batch
+    # The windows of the batch that made this step: the data cursor names them exactly.
+    windows = p.data.train_window_ids((step - 1) * gb, gb).tolist()
+    m.update(spike_score=round(spike.score, 3), spike_windows=windows)
+    train = p.cfg.train
     if train.spike_policy == "stop":
         raise SpikeStop(f"{spike.describe()}; train.spike_policy='stop' ended the run before checkpointing it. "
                         f"{_pointer_note(s)} (inspect the data read at step {step}, or resume with "
                         "train.spike_policy='rollback' to skip it, or 'log' to train through it)")
-    log.warning("loss spike: %s (train.spike_threshold=%g)", spike.describe(), train.spike_threshold)
+    log.warning("loss spike: %s (train.spike_threshold=%g); the batch's windows: %s", spike.describe(),
+                train.spike_threshold, windows)
     return spike if train.spike_policy == "rollback" else None
 
 
@@ -77,7 +82,7 @@ def roll_back(s: Session, spike: Spike) -> bool:
     log.warning("rollback %d: back to the verified checkpoint at step %d, skipping stream samples [%d, %d) "
                 "(%d windows)", record["rollback"], base, skip[0], skip[1], skip[1] - skip[0])
     faults.point("rollback", spike.step)
-    _reload(s)
+    _reload(s, base)
     if st.step != base:  # a session started from a folder (--resume PATH) may not match the store's pointer
         raise SpikeStop(f"the rollback from the spike at step {spike.step} expected the store's pointer at step "
                         f"{base}, and it names step {st.step}: resume from the store (--resume auto) to roll back")
@@ -95,15 +100,14 @@ def roll_back(s: Session, spike: Spike) -> bool:
     return True
 
 
-def _reload(s: Session) -> None:
+def _reload(s: Session, base: int) -> None:
     """The session's model, optimizer, scaler, RNG, stats and cursor from the store's pointer, as a session
     starting now would load them (``resume.resume`` in mode auto, whatever this session started from), then
     wrapped for the ranks again."""
     p, st = s.parts, s.state
     cfg = p.cfg
-    if s._metrics_file is not None:  # the resume rewrites metrics.jsonl from the checkpoint's copy
-        s._metrics_file.close()
-        s._metrics_file = None
+    if s.trackers is not None:  # the resume rewrites metrics.jsonl from the checkpoint's copy
+        s.trackers.rewind(base)
     model = build_model(cfg.model, p.device, seed=cfg.train.seed)
     plain = dataclasses.replace(p, model=model, optimizer=adamw(model, cfg, p.device),
                                 scaler=torch.amp.GradScaler(p.device.type, enabled=cfg.train.precision == "fp16"))

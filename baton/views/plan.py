@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import sys
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 from ..config import Config
 from ..errors import BatonError
+from ..guard import count, finite_float
 from ..planning.plan import HOUR, PlanInput, iso, parse_count, parse_hours, parse_instant, parse_margin
 
 
@@ -19,7 +19,7 @@ def plan_options(p) -> None:
     g.add_argument("--target-tokens", default=None, metavar="N", help="e.g. 1e9, 0.9B, 900M")
     g.add_argument("--steps", default=None, metavar="N", help="horizon in steps instead")
     g.add_argument("--tokens-per-step", default=None, metavar="N", help="e.g. 262144")
-    g.add_argument("--start-step", type=int, default=None, help="first step to plan (default: the store's pointer)")
+    g.add_argument("--start-step", type=count(0), default=None, help="first step to plan (default: the store's pointer)")
     g = p.add_argument_group("rate")
     g.add_argument("--rate", default=None, metavar="TOK/S", help="tokens/s over all ranks")
     g.add_argument("--rate-from", default=None, metavar="BENCH.JSON", help="the rate of a bench's picked cell")
@@ -29,24 +29,25 @@ def plan_options(p) -> None:
     g.add_argument("--session-hours", default=None, metavar="H", help="the platform's session limit")
     g.add_argument("--margin", default=None, metavar="M", help="kept free per session: 30%%, 45m, 2.7h")
     g.add_argument("--startup", default=None, metavar="D", help="per session before the first step, e.g. 5m")
-    g.add_argument("--ckpt-seconds", default=None, metavar="S", help="one checkpoint cycle (default: measured)")
-    g.add_argument("--ckpt-every", type=int, default=None, metavar="N", help="checkpoint cadence in steps")
+    g.add_argument("--ckpt-seconds", type=finite_float(0.0), default=None, metavar="S",
+                   help="one checkpoint cycle (default: measured)")
+    g.add_argument("--ckpt-every", type=count(0), default=None, metavar="N", help="checkpoint cadence in steps")
     g.add_argument("--gap", default="0", metavar="D", help="between sessions, e.g. 10m")
     g = p.add_argument_group("quota and calendar (default: the config's [budget] and the ledger)")
     g.add_argument("--quota-hours", default=None, metavar="H", help="billed hours per period, e.g. 30")
     g.add_argument("--quota-reset", default=None, metavar="TIME", help="an instant the quota resets at")
-    g.add_argument("--quota-period-days", type=float, default=None)
+    g.add_argument("--quota-period-days", type=finite_float(0.0, lo_open=True), default=None)
     g.add_argument("--used-hours", default=None, metavar="H", help="billed in this period already")
     g.add_argument("--cap-hours", default=None, metavar="H", help="a cap on the run's billed hours")
-    g.add_argument("--bill-factor", type=float, default=None,
+    g.add_argument("--bill-factor", type=finite_float(0.0), default=None,
                    help="billed hours per wall-clock hour (default: budget.bill_factor, else one per rank)")
     g.add_argument("--start", default=None, metavar="TIME", help="when the first session starts (default now)")
     g.add_argument("--deadline", default=None, metavar="TIME", help="warn when the plan ends after this")
     g = p.add_argument_group("tripwires")
     g.add_argument("--tripwire", action="append", default=None, metavar="'RATE: ACTION'",
                    help="e.g. '5150: target=0.9B' or '7400: micro=8, accum=16' (repeatable)")
-    g.add_argument("--seq-len", type=int, default=None, help="to check a micro-batch tripwire without a config")
-    g.add_argument("--ranks", type=int, default=None, help="ranks of the run: the default bill factor, and "
+    g.add_argument("--seq-len", type=count(1), default=None, help="to check a micro-batch tripwire without a config")
+    g.add_argument("--ranks", type=count(1), default=None, help="ranks of the run: the default bill factor, and "
                    "to check a micro-batch tripwire")
 
 
@@ -91,8 +92,10 @@ def plan_input(args, cfg: Config | None) -> tuple[PlanInput, dict[str, str], lis
         rate, src["rate"] = float(parse_count(args.rate, "--rate")), "given"
     elif args.rate_from:
         from ..bench import rate_from_json
+        from ..guard import input_file
 
-        rate, src["rate"] = rate_from_json(Path(args.rate_from))
+        rate, src["rate"] = rate_from_json(input_file(args.rate_from, "--rate-from", "give a bench.json written by "
+                                                      "`baton bench`"))
     else:
         measured, src["rate"] = L.measured_rate(records)
         if measured is None:

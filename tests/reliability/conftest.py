@@ -3,6 +3,7 @@ and fake, recognisable store credentials that must never appear in any output.""
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from pathlib import Path
 
@@ -23,7 +24,9 @@ def fake_env(tmp_path_factory) -> dict[str, str]:
     """The environment of every process these tests start: fake credentials only, no ~/.aws of the machine."""
     none = tmp_path_factory.getbasetemp() / "no-aws-config-reliability"
     return {"AWS_ACCESS_KEY_ID": FAKE_KEY, "AWS_SECRET_ACCESS_KEY": FAKE_SECRET, "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_CONFIG_FILE": str(none), "AWS_SHARED_CREDENTIALS_FILE": str(none), "HF_TOKEN": FAKE_HF_TOKEN}
+            "AWS_CONFIG_FILE": str(none), "AWS_SHARED_CREDENTIALS_FILE": str(none), "HF_TOKEN": FAKE_HF_TOKEN,
+            # The test Hub serves the classic LFS path; huggingface_hub reads this switch once, at import.
+            "HF_HUB_DISABLE_XET": "1"}
 
 
 @pytest.fixture(scope="session")
@@ -57,3 +60,27 @@ def s3_bucket(moto):
         return name
 
     return make
+
+
+@pytest.fixture(scope="session")
+def base(zygote, prepared_data, tmp_path_factory) -> Path:
+    """A run with a verified checkpoint at step 2, on its own copy of the prepared data (read-only by
+    convention: the bad-input tests damage copies of it)."""
+    from helpers import write_config
+
+    b = tmp_path_factory.mktemp("bad-input")
+    shutil.copytree(prepared_data, b / "corpus")
+    cfg = write_config(b / "cfg.toml", data_dir=b / "corpus", store=b / "store", runs=b / "runs")
+    r = zygote.run(["train", "-c", str(cfg), "--no-progress", "--stop-after-steps", "2"], b / "out")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return b
+
+
+@pytest.fixture(scope="session")
+def exported(base, tmp_path_factory) -> Path:
+    """The base run's model, exported once (read-only by convention)."""
+    from baton.cli import main
+
+    out = tmp_path_factory.mktemp("exported") / "model"
+    assert main(["export", "-c", str(base / "cfg.toml"), "--out", str(out)]) == 0
+    return out

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from baton.hashing import sha256_file
-from support.helpers import write_config
 
 
 @dataclass
@@ -218,23 +217,12 @@ CASES: list[tuple[str, Callable[[Ctx], list[str]], tuple[str, ...]]] = [
      ("optimizer.safetensors could not be loaded", "resume from an earlier checkpoint")),
     # ---- other commands
     ("sample-from-nothing", lambda c: ["sample", "--from", str(c.tmp / "nothing")],
-     ("is not an exported model folder", "run `baton export` first")),
+     ("does not exist", "run `baton export` first")),
     ("sample-pickle-weights", lambda c: ["sample", "--from", _pickle_folder(c.tmp)],
      ("holds no model.safetensors", "never from pickle (.bin) files", "export the model with `baton export`")),
     ("export-from-nothing", lambda c: ["export", "-c", c.cfg, "--out", str(c.tmp / "o"), "--from", str(c.tmp / "x")],
      ("no such checkpoint folder", "use 'store' or a folder")),
 ]
-
-
-@pytest.fixture(scope="module")
-def base(zygote, prepared_data, tmp_path_factory) -> Path:
-    """A run with a verified checkpoint at step 2, on its own copy of the prepared data."""
-    b = tmp_path_factory.mktemp("bad-input")
-    shutil.copytree(prepared_data, b / "corpus")
-    cfg = write_config(b / "cfg.toml", data_dir=b / "corpus", store=b / "store", runs=b / "runs")
-    r = zygote.run(["train", "-c", str(cfg), "--no-progress", "--stop-after-steps", "2"], b / "out")
-    assert r.returncode == 0, r.stderr[-3000:]
-    return b
 
 
 def test_the_table_has_thirty_cases():

@@ -1,10 +1,11 @@
 """Security: store credentials never appear in any output, and a run's store writes and deletes stay inside
 its own prefix.
 
-The processes run with recognisable fake credentials (conftest.SECRETS) for S3 and the Hub; the S3 test
-server accepts them. The test then searches every byte the runs produced: each process's stdout and
-stderr, every file under the local run folders (logs, metrics, summary, tensorboard, exports) and every
-object in both stores (checkpoints with their saved config, pointers, ledgers).
+The processes run with recognisable fake credentials (conftest.SECRETS) for S3, the Hub, W&B and MLflow;
+the S3 test server accepts them. The test then searches every byte the runs produced: each process's
+stdout and stderr, every file under the local run folders (logs, metrics, summary, tensorboard, W&B's
+offline run, exports), MLflow's file store, and every object in both stores (checkpoints with their saved
+config, pointers, ledgers, the trackers' record).
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ import hashlib
 from pathlib import Path
 
 from support.chaos import LocalView, S3View
-from support.fake_credentials import FAKE_KEY, FAKE_SECRET, SECRETS
+from support.fake_credentials import (
+    FAKE_KEY,
+    FAKE_MLFLOW_PASSWORD,
+    FAKE_MLFLOW_TOKEN,
+    FAKE_SECRET,
+    FAKE_WANDB_KEY,
+    SECRETS,
+)
 
 
 def _leaks(blobs: dict[str, bytes]) -> list[str]:
@@ -52,8 +60,8 @@ def test_no_credential_in_any_output_and_writes_stay_in_the_prefix(zygote, make_
     short = ["--set", "train.steps=4", "--set", "train.ckpt_every=1", "--set", "store.keep_last=1", "--no-progress"]
     outputs: dict[str, bytes] = {}
 
-    def run(name: str, argv: list[str], expect: int):
-        r = zygote.run(argv, tmp_path / "out", timeout=180)
+    def run(name: str, argv: list[str], expect: int, env: dict | None = None):
+        r = zygote.run(argv, tmp_path / "out", env=env, timeout=180)
         outputs[f"{name} stdout"], outputs[f"{name} stderr"] = r.stdout.encode(), r.stderr.encode()
         assert r.returncode == expect, f"{name}: exit {r.returncode}\n{r.stderr[-3000:]}"
         return r
@@ -63,7 +71,15 @@ def test_no_credential_in_any_output_and_writes_stay_in_the_prefix(zygote, make_
     run("s3 train rest", ["train", "-c", s3_cfg, *short], 0)
     run("s3 export", ["export", "-c", s3_cfg, "--out", str(tmp_path / "exported"), *short[:-1]], 0)
     run("sample", ["sample", "--from", str(tmp_path / "exported"), "--max-new-tokens", "4"], 0)
-    run("local train", ["train", "-c", local_cfg, *short], 0)
+    # Every tracker at once, with their credentials in the environment (W&B offline: its files in the run folder).
+    trackers = ["--set", 'log.backends=["tensorboard","wandb","mlflow"]', "--set",
+                f"log.mlflow_uri=file://{tmp_path / 'mlruns'}", "--set", "train.eval_every=2"]
+    tracker_env = {"WANDB_MODE": "offline", "WANDB_API_KEY": FAKE_WANDB_KEY, "MLFLOW_ALLOW_FILE_STORE": "true",
+                   "MLFLOW_TRACKING_USERNAME": "baton", "MLFLOW_TRACKING_PASSWORD": FAKE_MLFLOW_PASSWORD,
+                   "MLFLOW_TRACKING_TOKEN": FAKE_MLFLOW_TOKEN}
+    run("local train", ["train", "-c", local_cfg, *short, *trackers], 0, env=tracker_env)
+    run("mlflow uri credentials", ["config", "-c", local_cfg, "--set",
+                                   f"log.mlflow_uri=https://baton:{FAKE_MLFLOW_PASSWORD}@mlflow.invalid"], 2)
     run("config", ["config", "-c", s3_cfg], 0)
     # Failures that talk about the store or the URL.
     once = ["--set", "store.retries=1"]
@@ -79,6 +95,8 @@ def test_no_credential_in_any_output_and_writes_stay_in_the_prefix(zygote, make_
     everything = dict(outputs)
     everything.update(_tree(tmp_path / "runs"))
     everything.update(_tree(tmp_path / "exported"))
+    everything.update(_tree(tmp_path / "mlruns"))
+    assert any("/wandb/" in k and k.endswith(".wandb") for k in everything)  # the W&B run files were searched
     everything.update(_tree(local_store))
     everything.update({f"s3://{bucket}/{k}": s3.read(k) for k in s3.keys("")})
     assert len(everything) > 40

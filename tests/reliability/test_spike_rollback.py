@@ -80,7 +80,7 @@ def test_rollback_skips_the_garbage_and_resumes_exactly_when_killed(spiked, tmp_
     assert event["skip"] == [GARBAGE.start, GARBAGE.stop] and event["skipped_ranges"] == [[128, 136]]
     steps = [r["step"] for r in trace_a if "event" not in r]
     assert steps == [*range(1, 16), *range(16, 31)]  # the spiking step's row went with its lost work
-    assert not any("spike" in r for r in trace_a)  # after the skip, nothing spikes
+    assert not any("spike_score" in r for r in trace_a)  # after the skip, nothing spikes
 
     rng = random.Random()
     k1, k3 = rng.randint(6, 12), rng.randint(18, 26)
@@ -148,5 +148,5 @@ def test_a_spike_before_any_checkpoint_is_logged_and_the_run_goes_on(spiked):
     assert (f"cannot roll back from the spike at step {SPIKE_STEP}: this run has no verified checkpoint before it"
             in r.stderr)
     rows = _rows(runs / "early")
-    assert [r["step"] for r in rows] == list(range(1, 21)) and "spike" in rows[SPIKE_STEP - 1]
+    assert [r["step"] for r in rows] == list(range(1, 21)) and "spike_score" in rows[SPIKE_STEP - 1]
     assert store_checkpoint_tensors(store, "early")[2]["cursor"]["skipped"] == []

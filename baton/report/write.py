@@ -1,0 +1,62 @@
+"""report.md, report.json and the plots, from the gathered numbers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .plots import plot_hours, plot_loss, plot_throughput
+
+
+def _f(v: Any, fmt: str) -> str:
+    return format(v, fmt) if isinstance(v, (int, float)) else "—"
+
+
+def write_report(doc: dict[str, Any], out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    plots = {"loss": plot_loss(doc, out / "loss.png"), "throughput": plot_throughput(doc, out / "throughput.png"),
+             "hours": plot_hours(doc, out / "hours.png")}
+    tps = doc["tokens_per_step"]
+    step = doc["pointer_step"] or 0
+    led = doc["ledger"]
+    lines = [f"# Run report: {doc['run']}", "",
+             f"Store: {doc['store']}. Read from the store alone: the pointer's checkpoint (its metrics.jsonl) and the "
+             "ledger; steps a running session has not checkpointed yet are not in it.", "",
+             f"- progress: step {step:,} of {doc['total_steps']:,} ({step * tps:,} of {doc['total_steps'] * tps:,} tokens)"
+             + (", run complete" if doc["complete"] else ""),
+             f"- last training loss: {_f(doc['last_train_loss'], '.4f')} (step {step})"]
+    if doc["val"]:
+        v = doc["val"][-1]
+        lines.append(f"- last validation: loss {_f(v['val_loss'], '.4f')}, perplexity {_f(v['val_ppl'], '.2f')} "
+                     f"(step {v['step']})")
+    lines.append(f"- billed: {led['billed_hours']:.4f} h over {led['sessions']} session(s)"
+                 + (f"; quota period {led['period_hours']:.4f} of {led['quota_hours']:g} h" if led["period_hours"]
+                    is not None else "") + (f"; cap {led['cap_hours']:g} h" if led["cap_left"] is not None else ""))
+    if doc["complete"]:
+        lines.append("- ETA: done")
+    elif doc["eta"]:
+        lines.append(f"- ETA: {doc['eta']} ({doc['sessions_left']} more session(s))")
+    else:
+        lines.append(f"- ETA: {doc['eta_problem'] or 'needs a measured rate and budget.session_hours'}"
+                     + (f"; {doc['stepping_hours_left']:.2f} h of stepping left" if doc["stepping_hours_left"] else ""))
+    lines += ["", "## Sessions", "", "| # | session | started | steps | tokens/s | MFU | billed h | outcome |",
+              "|---|---|---|---|---|---|---|---|"]
+    for s in doc["sessions"]:
+        lines.append(f"| {s['n']} | {s['session']} | {s['started']} | {s['steps_from']} → {s['steps_to']} | "
+                     f"{_f(s['tokens_per_s'], ',.0f')} | {_f(s['mfu'], '.1%')} | {s['billed_hours']:.4f} | "
+                     f"{s['outcome']} |")
+    lines += ["", f"Session ends at steps: {', '.join(map(str, doc['session_ends'])) or 'none'}; resumes at steps: "
+              f"{', '.join(map(str, doc['resumes'])) or 'none'}.", ""]
+    if doc["spikes"]:
+        lines += ["## Loss spikes (train.spike_threshold)", "", "| step | loss | MADs above median | windows |",
+                  "|---|---|---|---|"]
+        lines += [f"| {p['step']} | {p['loss']:.4f} | {p['score']:.1f} | {p['windows']} |" for p in doc["spikes"]]
+        lines.append("")
+    lines += ["## Plots", ""] + [f"![{k}]({p.name})" for k, p in plots.items()]
+    if doc["problems"]:
+        lines += ["", "## Problems", ""] + [f"- {p}" for p in doc["problems"]]
+    (out / "report.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (out / "report.json").write_text(json.dumps({k: v for k, v in doc.items() if k != "rows"}, indent=1),
+                                     encoding="utf-8")
+    return out / "report.md"

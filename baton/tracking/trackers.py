@@ -1,0 +1,178 @@
+"""Every configured backend behind one start/log/close, resume-aware across sessions and machines.
+
+The append-only trackers (W&B, MLflow) receive a row only once the checkpoint at or after its step is
+verified: a tracker then holds exactly the history the store can resume, so a session killed between a
+log and a checkpoint has sent nothing that the next session trains again, and no step is ever sent twice
+or out of order (W&B refuses a step below its newest anyway). The cost is a lag of one checkpoint
+interval; the progress line, metrics.jsonl and TensorBoard stay live (resuming rewrites those).
+
+What the trackers hold is kept in the store beside the run, ``<run>/trackers.json``: each tracker run's
+id and the newest step it is known to hold. A session on any machine reopens the same tracker runs, sends
+the verified rows they lack from the checkpoint's metrics.jsonl, and carries on from there.
+
+"Known to hold": MLflow's client writes before it returns, so a row counts once sent. W&B hands rows to a
+service process that writes (or uploads) them later; a killed machine takes unwritten rows with it, so
+its rows count only once the W&B run was finished cleanly at the end of a session. After a kill, the next
+session sends the rows since then again: those W&B did keep are at or below its newest step and W&B
+drops them (the values are the same: the resume is exact), the lost ones fill the gap.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from ..errors import BatonError, StoreError
+from ..store import Store
+from .base import Backend
+
+log = logging.getLogger(__name__)
+
+FORMAT = "baton-trackers-v1"
+STATE = "trackers.json"
+
+
+def state_key(run: str) -> str:
+    return f"{run}/{STATE}"
+
+
+def read_state(store: Store, run: str) -> dict[str, Any]:
+    text = store.read_text(state_key(run))
+    if text is None:
+        return {}
+    try:
+        doc = json.loads(text)
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ValueError("not a baton trackers record")
+    except ValueError as e:
+        raise StoreError(f"{state_key(run)} in {store.describe()} is damaged ({e}); delete it to start new "
+                         "tracker runs, or restore it to continue the old ones") from None
+    return doc
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+class Trackers:
+    """Rank 0's fan-out. A backend that fails while training is dropped with a warning: losing a chart must
+    never stop a run. At start, failures raise: better to fail now than to find no charts in a week."""
+
+    def __init__(self, backends: list[Backend], store: Store, run: str, history: Path):
+        self.backends = backends
+        self.store, self.run, self.history = store, run, history
+        self.sent: dict[str, int] = {}  # backend -> newest step it holds
+        self.pending: list[tuple[int, dict[str, Any]]] = []  # rows waiting for a verified checkpoint
+        self.state: dict[str, Any] = {"format": FORMAT}
+
+    def start(self, resume_step: int) -> None:
+        saved = read_state(self.store, self.run) if any(not b.live for b in self.backends) else {}
+        if resume_step == 0 and any(isinstance(v, dict) and v.get("logged_to") for v in saved.values()):
+            # The store lost the run's checkpoints and it starts afresh: new tracker runs, not a rewind.
+            log.info("%s names tracker runs of an earlier start of %r: starting new ones", state_key(self.run),
+                     self.run)
+            saved = {}
+        self.state.update({k: v for k, v in saved.items() if k != "format"})
+        rows = None
+        for b in self.backends:
+            keep, held = b.start(resume_step, saved.get(b.name, {}) if not b.live else {})
+            self.sent[b.name] = held
+            if held < resume_step:  # the verified history this backend lacks (a wiped machine, a lost flush)
+                rows = read_rows(self.history) if rows is None else rows
+                self._send(b, [(r["step"], r) for r in rows if held < r["step"] <= resume_step])
+            if not b.live:
+                self.state[b.name] = {**keep, "logged_to": self.sent[b.name]}
+        self._save()
+
+    def log(self, step: int, row: dict[str, Any]) -> None:
+        for b in self.backends:
+            if b.live:
+                self._send(b, [(step, row)])
+        if any(not b.live for b in self.backends):
+            self.pending.append((step, row))
+
+    def verified(self, step: int) -> None:
+        """The checkpoint at ``step`` is verified: its rows go to the append-only trackers."""
+        ready = [(s, r) for s, r in self.pending if s <= step]
+        self.pending = [(s, r) for s, r in self.pending if s > step]
+        if not ready:
+            return
+        for b in self.backends:
+            if not b.live:
+                self._send(b, ready)
+                if getattr(b, "durable", False) and b.name in self.sent:
+                    self.state[b.name]["logged_to"] = self.sent[b.name]
+        self._save()
+
+    def rewind(self, step: int) -> None:
+        """A loss-spike rollback returned to the verified checkpoint at ``step``: the rows past it are undone.
+
+        Rows waiting for a verification were never sent (the checkpoint rolled back to is the newest
+        verified one), so they are dropped; the live backends are reopened at ``step``, as a resumed
+        session opens them (metrics.jsonl is rewritten from the checkpoint's copy, TensorBoard purges the
+        later events), and the replayed steps are sent again.
+        """
+        self.pending = [(s, r) for s, r in self.pending if s <= step]
+        for b in self._active():
+            if b.live and self._guard(b, b.close, False) and self._guard(b, b.start, step, {}):
+                self.sent[b.name] = min(self.sent[b.name], step)
+
+    def final(self, step: int, values: dict[str, Any]) -> None:
+        """The evaluation at the horizon, after the run was marked complete (metrics.jsonl keeps one row per
+        step; the final validation is in the pointer and run_summary.json)."""
+        if self.state.get("complete_step") == step:
+            return  # an earlier session sent it and died before it could finish
+        for b in self.backends:
+            if b.name != "jsonl" and b in self._active():
+                self._guard(b, b.log, step, values)
+        self.state["complete_step"] = step
+        self._save()
+
+    def close(self, complete: bool) -> None:
+        for b in self._active():
+            if self._guard(b, b.close, complete) and not b.live:
+                self.state[b.name]["logged_to"] = self.sent[b.name]  # a clean close: everything sent is kept
+        self._save()
+
+    # -------------------------------------------------------------------------------------------------
+    def _active(self) -> list[Backend]:
+        return [b for b in self.backends if b.name in self.sent]
+
+    def _send(self, b: Backend, rows: list[tuple[int, dict[str, Any]]]) -> None:
+        if b.name not in self.sent:
+            return
+        rows = [(s, r) for s, r in rows if s > self.sent[b.name]]  # never a step twice, never backwards
+        if not rows:
+            return
+        many = getattr(b, "log_many", None)
+        if many is not None:
+            ok = self._guard(b, many, rows)
+        else:
+            ok = all(self._guard(b, b.log, s, r) for s, r in rows)
+        if ok:
+            self.sent[b.name] = rows[-1][0]
+
+    def _guard(self, b: Backend, fn, *args) -> bool:
+        try:
+            fn(*args)
+            return True
+        except Exception as e:  # noqa: BLE001 - a tracker's trouble is reported, training goes on
+            if b.name == "jsonl":  # the run's own history (it travels in every checkpoint): never dropped
+                raise
+            log.warning("tracker %s failed (%s: %s); it gets no more metrics this session", b.name,
+                        type(e).__name__, e)
+            self.sent.pop(b.name, None)
+            return False
+
+    def _save(self) -> None:
+        if not any(k != "format" for k in self.state):
+            return
+        try:
+            self.store.write_text(state_key(self.run), json.dumps(self.state, indent=1, sort_keys=True))
+        except (BatonError, OSError) as e:
+            log.warning("could not write %s (%s); the next session may resend rows the trackers hold",
+                        state_key(self.run), e)

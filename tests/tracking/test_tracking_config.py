@@ -1,0 +1,32 @@
+"""The [log] section and the new train keys validate like every other key; the budget counts evaluations."""
+
+from __future__ import annotations
+
+import pytest
+
+from baton.config import load_config
+from baton.errors import ConfigError
+from baton.session.clock import TimeBudget
+
+
+@pytest.mark.parametrize("override, message", [
+    ('log.backends=["jsonl","neptune"]', "log.backends: 'neptune' is not one of jsonl, tensorboard, wandb, mlflow"),
+    ('log.backends=["wandb","wandb"]', "log.backends lists a backend twice"),
+    ("log.mlflow_uri=https://u:p@mlflow.invalid", "log.mlflow_uri must not carry credentials"),
+    ("train.eval_every=-1", "train.eval_every must be >= 0"),
+    ("train.spike_threshold=-2", "train.spike_threshold must be > 0"),
+])
+def test_bad_log_and_eval_keys_are_named(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_budget_keeps_time_for_the_next_evaluation():
+    b = TimeBudget(deadline=100.0, margin_s=10.0, ckpt_guess_s=20.0, eval_steps=1.0)
+    b.observe_step(5.0)
+    assert b.needed(final=False) == 5 + 20 + 10
+    assert b.needed(final=False, evaluates=True) == 5 + 5 + 20 + 10  # guessed from the step time until measured
+    b.observe_eval(30.0)
+    assert b.needed(final=False, evaluates=True) == 5 + 30 + 20 + 10
+    assert b.needed(final=True) == 5 + 20 + (20 + 30) + 10  # the horizon's evaluation: as measured
+    assert not b.should_stop(now=40.0) and b.should_stop(now=40.0, evaluates=True)
