@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .schedule import DECAY_SHAPES, SCHEDULES
 
 if sys.version_info >= (3, 11):
     import tomllib  # novermin: imported only where the standard library has it
@@ -28,6 +27,8 @@ else:  # Python 3.10: the same parser, as the tomli package (a dependency there)
 
 ATTN_IMPLS = ("eager", "sdpa", "flash_attention_2")
 PRECISIONS = ("fp32", "bf16", "fp16", "auto")
+SCHEDULES = ("wsd", "cosine", "linear")  # optim.schedule (model.schedule computes each)
+DECAY_SHAPES = ("linear", "cosine", "1-sqrt")  # optim.decay_shape, the wsd cooldown
 PARALLEL = ("ddp", "fsdp")
 SOURCE_KINDS = ("stdlib", "text", "jsonl", "parquet", "hf_dataset")
 SPIKE_POLICIES = ("log", "rollback", "stop")
@@ -85,7 +86,7 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    """AdamW and the learning-rate schedule (baton.schedule)."""
+    """AdamW and the learning-rate schedule (baton.model.schedule)."""
 
     lr: float = 3e-4  # peak learning rate
     beta1: float = 0.9  # AdamW first-moment decay

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import math
 
-SCHEDULES = ("wsd", "cosine", "linear")
-DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
+from ..config import SCHEDULES
 
 
 def decay_begin(total_steps: int, decay_start: float = 0.8, schedule: str = "wsd", warmup_steps: int = 0) -> int:

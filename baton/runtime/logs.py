@@ -55,7 +55,7 @@ def setup(rank: int = 0, log_dir: Path | None = None, verbose: bool = False) -> 
 def log_failure(rank: int, exc: BaseException) -> Path:
     """A bug (or a dead peer): the whole traceback to this rank's log file, or to a crash file of its own
     when the command keeps no log; returns that file's path for the one line the terminal gets."""
-    path = next((Path(h.baseFilename) for h in log.handlers if getattr(h, "_baton_file", False)), None)
+    path = next((Path(h.baseFilename) for h in log.handlers if getattr(h, "_baton_file", False)), None)  # type: ignore[attr-defined]
     if path is None:
         path = _crash_file(rank)
     file_only(logging.ERROR, f"rank {rank} failed: {type(exc).__name__}: {exc}",
@@ -87,7 +87,7 @@ def _crash_file(rank: int) -> Path:
     fh._baton = True  # type: ignore[union-attr]
     fh._baton_file = True  # type: ignore[union-attr]
     log.addHandler(fh)
-    return Path(fh.baseFilename)
+    return Path(fh.baseFilename)  # type: ignore[union-attr]
 
 
 def exit_record(rank: int, status: int) -> None:

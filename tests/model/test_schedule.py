@@ -35,7 +35,7 @@ def test_default_is_the_original_schedule_to_the_bit():
     """wsd + linear cooldown + floor 0 (the defaults) is warmup, plateau, linear decay ending one step short of
     zero, written here as that schedule always computed it."""
     from baton.config import OptimConfig
-    from baton.schedule import factor_for
+    from baton.model.schedule import factor_for
 
     o = OptimConfig()
     assert (o.schedule, o.decay_shape, o.min_lr_ratio) == ("wsd", "linear", 0.0)
@@ -69,7 +69,7 @@ CLOSED = {
 
 @pytest.mark.parametrize("schedule,shape", list(CLOSED))
 def test_each_schedule_equals_its_closed_form_at_the_landmarks(schedule, shape):
-    from baton.schedule import landmarks
+    from baton.model.schedule import landmarks
 
     at = landmarks(1000, 50, 0.8, schedule)
     assert at == {"warmup_end": 49, "decay_start": 800 if schedule == "wsd" else 50, "at_90pct": 900, "last": 999}
