@@ -66,7 +66,7 @@ def s3_bucket(moto):
 def base(zygote, prepared_data, tmp_path_factory) -> Path:
     """A run with a verified checkpoint at step 2, on its own copy of the prepared data (read-only by
     convention: the bad-input tests damage copies of it)."""
-    from helpers import write_config
+    from support.helpers import write_config
 
     b = tmp_path_factory.mktemp("bad-input")
     shutil.copytree(prepared_data, b / "corpus")
