@@ -95,13 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="write into --out although it already holds files")
     p.add_argument("--from", dest="source", default="store",
                    help="'store' (the run's latest verified checkpoint) or a local checkpoint folder")
-    p.add_argument("--step", type=int, default=None, metavar="N",
+    p.add_argument("--step", type=count(1), default=None, metavar="N",
                    help="the verified checkpoint at step N in the store (default: the pointer's)")
 
     p = sub.add_parser("eval", help="score a verified checkpoint: held-out loss and bits per byte, eval files, "
                        "lm-eval tasks; written to <run>/eval/<step>.json in the store")
     _config_args(p)
-    p.add_argument("--step", type=int, default=None, metavar="N", help="the verified checkpoint at step N "
+    p.add_argument("--step", type=count(1), default=None, metavar="N", help="the verified checkpoint at step N "
                    "(default: the pointer's)")
     p.add_argument("--tasks", default=None, metavar="A,B", help="lm-evaluation-harness tasks (default: eval.tasks; "
                    "'' for none)")
@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("publish", help="publish a verified checkpoint as a Hugging Face model repository with a "
                        "model card at publish.url")
     _config_args(p)
-    p.add_argument("--step", type=int, default=None, metavar="N", help="the verified checkpoint at step N "
+    p.add_argument("--step", type=count(1), default=None, metavar="N", help="the verified checkpoint at step N "
                    "(default: the pointer's)")
     p.add_argument("--revision", default=None, metavar="NAME", help="publish to this revision (a branch on the "
                    "Hub, a folder elsewhere) instead of the main one, e.g. step-1000")
