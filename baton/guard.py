@@ -97,6 +97,13 @@ def check_layout(cfg: Config) -> None:
                 raise PathError(f"{inner[0]} {inner[2]} lies inside {outer[0]} {outer[2]}: nothing but checkpoints "
                                 f"may live in the store, and the run's and the data's files must not mix (set "
                                 f"{inner[1]} or {outer[1]} to a separate folder)")
+    root = local_store_root(cfg.store.url)
+    # Where baton publishes (the dataset, the model) is written by publishing: never the checkpoint store's folder.
+    for key, url in (("data.url", cfg.data.url), ("publish.url", cfg.publish.url)):
+        target = local_store_root(url) if url and root is not None else None
+        if target is not None and (_inside(resolved(target), resolved(root)) or _inside(resolved(root), resolved(target))):
+            raise PathError(f"{key} {target} overlaps the store's folder {root} (store.url): nothing but checkpoints "
+                            f"may live in the store (set {key} to a separate folder)")
 
 
 def output_dir(path: str | Path, flag: str, cfg: Config | None = None, force: bool = False,
