@@ -100,8 +100,10 @@ def check_layout(cfg: Config) -> None:
     root = local_store_root(cfg.store.url)
     # Where baton publishes (the dataset, the model) is written by publishing: never the checkpoint store's folder.
     for key, url in (("data.url", cfg.data.url), ("publish.url", cfg.publish.url)):
-        target = local_store_root(url) if url and root is not None else None
-        if target is not None and (_inside(resolved(target), resolved(root)) or _inside(resolved(root), resolved(target))):
+        target = local_store_root(url) if url else None
+        if root is None or target is None:
+            continue
+        if _inside(resolved(target), resolved(root)) or _inside(resolved(root), resolved(target)):
             raise PathError(f"{key} {target} overlaps the store's folder {root} (store.url): nothing but checkpoints "
                             f"may live in the store (set {key} to a separate folder)")
 
