@@ -8,9 +8,9 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-from conftest import ROOT
-
+ROOT = Path(__file__).resolve().parent.parent
 RUN_ON_CPU = ("fp16", "bf16", "fp32", "base", "resume_det", "resume_nondet", "ckpt", "eager")
 
 
