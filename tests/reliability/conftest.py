@@ -5,15 +5,11 @@ from __future__ import annotations
 
 import shutil
 import uuid
-from pathlib import Path
 
 import pytest
 
 from support.fake_credentials import FAKE_HF_TOKEN, FAKE_KEY, FAKE_SECRET
 from support.zygote import Zygote
-
-HERE = Path(__file__).resolve().parent
-
 
 # Variables of the machine running the tests that would point boto3 elsewhere.
 UNSET = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
