@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import uuid
+from pathlib import Path
 
 import pytest
 
