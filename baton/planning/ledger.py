@@ -250,6 +250,8 @@ def format_ledger(records: list[dict[str, Any]], t: Totals) -> str:
     lines.append(f"total billed: {t.billed_hours:.4f} h over {t.sessions} sessions"
                  + (f" ({t.open_sessions} without a recorded end)" if t.open_sessions else ""))
     if t.period_hours is not None:
+        # totals() sets the period's hours, start and end together, from the quota
+        assert t.period_start is not None and t.period_end is not None
         lines.append(f"this quota period ({iso(t.period_start)} → {iso(t.period_end)}): {t.period_hours:.4f} h of "
                      f"{t.quota_hours:g} h, {t.quota_left:.4f} h left")
     if t.cap_left is not None:
