@@ -288,8 +288,9 @@ def cmd_verify_data(args) -> int:
         from ..guard import input_dir, local_store_root
 
         folder = args.dir
-        if local_store_root(folder) is not None:
-            input_dir(local_store_root(folder), "--dir", "give the data folder `baton prepare` wrote")
+        root = local_store_root(folder)
+        if root is not None:
+            input_dir(root, "--dir", "give the data folder `baton prepare` wrote")
     elif args.config:
         cfg = _load(args)
         folder = cfg.data.url or cfg.data.dir
