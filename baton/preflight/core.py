@@ -73,7 +73,7 @@ class Context:
 
     def __post_init__(self) -> None:
         self.cfg = load_config(self.config_path, self.overrides)
-        scale = dict(TINY_OVERRIDES) if self.scale == "tiny" else {}
+        scale: dict[str, object] = dict(TINY_OVERRIDES) if self.scale == "tiny" else {}
         if self.scale == "tiny":
             seq = min(self.cfg.data.seq_len, 64)
             scale.update({"data.seq_len": seq, "model.max_seq_len": max(seq, 64)})
