@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 from .. import __version__, faults
 from ..errors import VerificationError
@@ -44,6 +44,12 @@ class PushResult:
 
 def ckpt_path(step: int) -> str:
     return f"ckpt/step-{step}"
+
+
+class _HashesOnWrite(Protocol):
+    """A store with ``hashes_on_write = True`` (Store.put_file): it hashes what it writes, so takes no sha256."""
+
+    def put_file(self, local: Path, key: str, sha256: str | None) -> str: ...
 
 
 def local_manifest(folder: Path) -> dict[str, dict[str, Any]]:
@@ -171,10 +177,11 @@ def push_folder(store: Store, local: Path, prefix: str, mode: str) -> tuple[dict
     if getattr(store, "hashes_on_write", False):
         # The store hashes each file as it copies it: one read per file instead of two. What it listed
         # later is still checked against these, and the bytes against the local files.
-        files = {}
+        writer = cast(_HashesOnWrite, store)
+        files: dict[str, dict[str, Any]] = {}
         for p in sorted(q for q in local.iterdir() if q.is_file()):
             faults.point("upload")
-            files[p.name] = {"size": p.stat().st_size, "sha256": store.put_file(p, store_key(prefix, p.name), None)}
+            files[p.name] = {"size": p.stat().st_size, "sha256": writer.put_file(p, store_key(prefix, p.name), None)}
         t1 = t0
     else:
         files = local_manifest(local)
