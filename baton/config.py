@@ -294,7 +294,8 @@ def _apply_override(raw: dict[str, Any], item: str, problems: list[str]) -> None
     # Resolve the key against the schema first so a typo is named, not silently added.
     cls: Any = Config
     for i, part in enumerate(parts):
-        hints = _hints(cls) if dataclasses.is_dataclass(cls) else {}
+        # Schema hints are classes, never dataclass instances: the isinstance only narrows the type
+        hints = _hints(cls) if isinstance(cls, type) and dataclasses.is_dataclass(cls) else {}
         if part not in hints:
             where = ".".join(parts[:i]) or "the top level"
             problems.append(
@@ -349,7 +350,7 @@ def _build(cls: type, raw: Any, where: str, problems: list[str]) -> Any:
 
 def _coerce(tp: Any, value: Any, name: str, problems: list[str]) -> Any:
     origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _build(tp, value, name, problems)
     if origin is types.UnionType or origin is typing.Union:
         # A number or a keyword (micro_batch = 4 | "auto"): the first member type that accepts it wins.
