@@ -16,7 +16,7 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -46,7 +46,8 @@ def _unb64(s: str) -> torch.Tensor:
 
 def rng_state() -> dict[str, Any]:
     """Every generator this process uses, JSON-safe."""
-    np_state = np.random.get_state()
+    # The global generator is the legacy MT19937 RandomState, whose state comes as this tuple by default
+    np_state = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())
     py_state = random.getstate()
     return {
         "torch": _b64(torch.get_rng_state()),
