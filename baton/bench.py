@@ -195,6 +195,7 @@ def run_cell(cfg: Config, cell: Cell, tokens_per_step: int, device: torch.device
         _trim()
     cell.peak_rss = sampler.peak
     cell.peak_bytes = cell.peak_reserved if cuda else max(0, sampler.peak - base_rss)
+    assert cell.peak_bytes is not None  # on CUDA the finally above has read peak_reserved
     cell.step_seconds = seconds / steps
     cell.tokens_per_s = tokens_per_step * steps / seconds
     cell.hours_for_target = target_tokens / (cell.tokens_per_s * ranks) / 3600
@@ -380,4 +381,5 @@ def rate_from_json(path: Path) -> tuple[float, str]:
         rate = float(chosen.tokens_per_s) * ranks if chosen is not None and chosen.tokens_per_s else 0.0
     if not rate > 0 or not math.isfinite(rate):
         raise BatonError(f"{path} has no cell that ran within its cap; nothing to plan with")
+    assert chosen is not None  # a rate above 0 comes only from a chosen cell
     return rate, f"{path}: {chosen.label} x {ranks} rank(s)"
