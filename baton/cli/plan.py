@@ -93,10 +93,13 @@ def run_bench(args, cfg: Config) -> int:
     if bad:
         raise BatonError(f"--attn {','.join(bad)}: not one of {', '.join(ATTN_IMPLS)}")
     seqs = _list(args.seq, int, "--seq") if args.seq else [cfg.data.seq_len]
-    if not args.micro and not isinstance(cfg.train.micro_batch, int):
+    if args.micro:
+        micros = _list(args.micro, int, "--micro")
+    elif isinstance(cfg.train.micro_batch, int):
+        micros = [cfg.train.micro_batch]
+    else:
         raise BatonError("train.micro_batch is auto, which `baton train` resolves by probing GPU memory; give the "
                          "micro-batches to measure with --micro (e.g. --micro 4,8,16)")
-    micros = _list(args.micro, int, "--micro") if args.micro else [cfg.train.micro_batch]
     if args.ranks < 1 or args.warmup < 0 or args.steps < 1 or min(seqs) < 1 or min(micros) < 1:
         raise BatonError("--ranks, --steps, --seq and --micro must be >= 1 and --warmup >= 0")
     tps = parse_count(args.tokens_per_step, "--tokens-per-step") if args.tokens_per_step else \
@@ -130,6 +133,7 @@ def run_bench(args, cfg: Config) -> int:
             print("no cell ran within the cap" + ("" if allow_compile else " (compiled cells are not eligible: "
                                                   "baton train does not compile)"))
             return 1
+        assert chosen.peak_bytes is not None  # pick() chooses only cells that ran, whose peak was measured
         sets = " ".join(f"--set {o}" for o in bench.overrides(chosen, cfg, tps, args.ranks))
         if tps * args.ranks != cfg.tokens_per_step:
             print(f"note: the bench ran at {tps * args.ranks:,} tokens per step, the config trains "
@@ -162,6 +166,7 @@ def run_plan(args, cfg: Config | None) -> int:
         fired_input = apply_tripwires(inp, results)
         from dataclasses import replace
 
+        assert measured is not None  # tripwires are evaluated, and so fire, only with a measured rate
         fired_plan = plan(replace(fired_input, rate=measured))
     if args.json:
         out = p.to_dict() | {"sources": src, "tripwires": [
