@@ -15,6 +15,7 @@ classic LFS path instead. ``huggingface_hub`` retries some calls itself (5xx, 42
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import os
 from pathlib import Path, PurePosixPath
@@ -86,7 +87,7 @@ class HubStore:
         return text.replace(self._token, "***") if self._token and len(self._token) >= 8 else text
 
     def _classify(self, e: Exception) -> Exception:
-        seen = e
+        seen: BaseException | None = e
         while seen is not None:
             if isinstance(seen, RepositoryNotFoundError):
                 return StoreError(f"repository {self.repo_id} was not found or is not accessible: create it "
@@ -212,7 +213,7 @@ class HubStore:
     def delete(self, key: str) -> None:
         self.delete_many([key])
 
-    def delete_many(self, keys: list[str]) -> None:
+    def delete_many(self, keys: builtins.list[str]) -> None:  # `list` here is the method
         if not keys:
             return
         folder = str(PurePosixPath(os.path.commonpath(keys)))
