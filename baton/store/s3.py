@@ -16,6 +16,7 @@ full-object SHA-256 of its own that disagrees with the metadata, the listing rep
 from __future__ import annotations
 
 import base64
+import builtins
 import os
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -154,7 +155,7 @@ class S3Store:
         return call(fn, what, self.describe(), self._classify, self.retry)
 
     def _put_args(self, sha256: str) -> dict:
-        args = {"Metadata": {META_KEY: sha256}}
+        args: dict[str, object] = {"Metadata": {META_KEY: sha256}}
         if self.send_checksum:
             args["ChecksumSHA256"] = base64.b64encode(bytes.fromhex(sha256)).decode()
         return args
@@ -233,6 +234,7 @@ class S3Store:
             # checksum of the parts' checksums ("...-N", ChecksumType COMPOSITE, an ETag ending in "-N").
             multipart = "-" in str(head.get("ETag", "")).strip('"')
             whole = head.get("ChecksumType") == "FULL_OBJECT" or (head.get("ChecksumType") is None and not multipart)
+            sha: str | None
             service_hex = _b64_to_hex(service) if service and "-" not in service and whole else None
             if service_hex and meta and service_hex != meta:
                 sha, source = service_hex, "service x-amz-checksum-sha256, which differs from x-amz-meta-sha256"
@@ -273,7 +275,7 @@ class S3Store:
     def delete(self, key: str) -> None:
         self._call(lambda: self.client.delete_object(Bucket=self.bucket, Key=self._key(key)), f"delete of {key}")
 
-    def delete_many(self, keys: list[str]) -> None:
+    def delete_many(self, keys: builtins.list[str]) -> None:  # `list` here is the method
         for i in range(0, len(keys), 1000):
             chunk = [{"Key": self._key(k)} for k in keys[i : i + 1000]]
             try:
