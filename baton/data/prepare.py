@@ -17,6 +17,7 @@ import logging
 import shutil
 import time
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,8 @@ def prepare(cfg: Config, force: bool = False, progress: bool = True) -> dict[str
     journal = Journal(out)
     resumed = None if force else _resumable(out, journal, spec)
     t0 = time.time()
+    shards: list[dict]
+    state: dict | None
     if resumed is None:
         out.mkdir(parents=True, exist_ok=True)
         _clean(out)
@@ -218,7 +221,9 @@ class _Job:
         if resume:
             for _ in range(resume["skip_docs"]):  # the batch's documents before the one in progress
                 mix.draw()
-            si, text, nbytes = mix.draw()
+            item = mix.draw()
+            assert item is not None  # the journal recorded this document as in progress, so the mix has it
+            si, text, nbytes = item
             first = (resume["mix"], resume["skip_docs"], [si], [text], nbytes, resume["skip_tokens"])
         for i, a in enumerate(acct):
             if self.caps[i] and a["tokens"] >= self.caps[i]:
@@ -229,7 +234,7 @@ class _Job:
         encoder = Encoder(self.out / TOKENIZER_FILE, self.eos_id, self.dtype, self.decon, workers)
         t0 = time.time()
         try:
-            pending: deque = deque()
+            pending: deque[tuple[tuple, Future]] = deque()
             for batch in self._batches(mix, first):
                 pending.append((batch, encoder.submit(batch[3])))
                 while len(pending) >= encoder.depth:
@@ -252,7 +257,9 @@ class _Job:
             yield first
         while True:
             snap = mix.snapshot()
-            srcs, docs, nbytes = [], [], 0
+            srcs: list[int] = []
+            docs: list[str] = []
+            nbytes = 0
             while len(docs) < ENCODE_BATCH and nbytes < BATCH_BYTES:
                 item = mix.draw()
                 if item is None:
