@@ -306,6 +306,7 @@ def plan(inp: PlanInput) -> Plan:
         a, b = pending[0]
         note = ""
         if quota:
+            assert period_end is not None  # set together with the quota
             if t >= period_end:  # a new period began while waiting or working
                 used, period_end = 0.0, quota.period_end(t)
             left_s = (quota.hours - used) / inp.bill_factor * HOUR
@@ -327,7 +328,7 @@ def plan(inp: PlanInput) -> Plan:
         end = t + timedelta(seconds=seconds)
         sessions.append(SessionPlan(len(sessions) + 1, a, b, seconds / HOUR, billed, t, end,
                                     checkpoints_in(a, b, inp.ckpt_every, inp.total_steps), note))
-        if quota and end > period_end:
+        if quota and period_end is not None and end > period_end:  # period_end is None only without a quota
             # Platforms meter continuously: the part after the reset counts against the new period.
             new_start = quota.period_start(end)
             used = min(billed, (end - new_start).total_seconds() / HOUR * inp.bill_factor)
