@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterator
 from typing import Any
 
-from .sources import SourceReader
+from .sources import Doc, SourceReader
 
 BYTES_PER_TOKEN_GUESS = 4  # turns a max_tokens cap into a size estimate; only proportions matter
 
@@ -34,8 +35,8 @@ class SourceStream:
         self.frac = src.weight - self.full_passes
         self.n_passes = self.full_passes + (1 if self.frac > 0 else 0)
         self.max_bytes = src.max_bytes or math.inf
-        self.state = list(state) if state else [0, reader.start(), 0, 0, None]
-        self._it = None
+        self.state: list[Any] = list(state) if state else [0, reader.start(), 0, 0, None]
+        self._it: Iterator[Doc] | None = None
 
     def snapshot(self) -> list[Any]:
         return [self.state[0], list(self.state[1]), *self.state[2:]]
