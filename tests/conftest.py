@@ -18,6 +18,12 @@ from support.helpers import write_config
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(items):
+    """The slow end-to-end tests first: spread over workers (pytest-xdist), they then run beside the rest
+    instead of after it. A stable sort, so the order is otherwise the collection order on every worker."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session")
 def prepared_data(tmp_path_factory) -> Path:
     """A prepared data folder shared by every test (read-only by convention)."""
