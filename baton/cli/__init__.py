@@ -32,6 +32,12 @@ def _config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
                    help="override a config value, e.g. --set optim.lr=3e-4 (repeatable)")
 
 
+def _step_arg(p: argparse.ArgumentParser) -> None:
+    """--step of the commands that read any verified checkpoint in the store (export, eval, publish)."""
+    p.add_argument("--step", type=count(1), default=None, metavar="N",
+                   help="the verified checkpoint at step N in the store (default: the pointer's)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="baton", description="Pretrain small Llama models across interruptible "
                                      "sessions; the baton is the last verified checkpoint in the store.")
@@ -95,14 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="write into --out although it already holds files")
     p.add_argument("--from", dest="source", default="store",
                    help="'store' (the run's latest verified checkpoint) or a local checkpoint folder")
-    p.add_argument("--step", type=count(1), default=None, metavar="N",
-                   help="the verified checkpoint at step N in the store (default: the pointer's)")
+    _step_arg(p)
 
     p = sub.add_parser("eval", help="score a verified checkpoint: held-out loss and bits per byte, eval files, "
                        "lm-eval tasks; written to <run>/eval/<step>.json in the store")
     _config_args(p)
-    p.add_argument("--step", type=count(1), default=None, metavar="N", help="the verified checkpoint at step N "
-                   "(default: the pointer's)")
+    _step_arg(p)
     p.add_argument("--tasks", default=None, metavar="A,B", help="lm-evaluation-harness tasks (default: eval.tasks; "
                    "'' for none)")
     p.add_argument("--files", nargs="*", default=None, metavar="FILE", help="text or JSONL files to score "
@@ -111,8 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("publish", help="publish a verified checkpoint as a Hugging Face model repository with a "
                        "model card at publish.url")
     _config_args(p)
-    p.add_argument("--step", type=count(1), default=None, metavar="N", help="the verified checkpoint at step N "
-                   "(default: the pointer's)")
+    _step_arg(p)
     p.add_argument("--revision", default=None, metavar="NAME", help="publish to this revision (a branch on the "
                    "Hub, a folder elsewhere) instead of the main one, e.g. step-1000")
 
