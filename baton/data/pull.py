@@ -76,7 +76,7 @@ def ensure_data(cfg: Config) -> DataSource | None:
     if raw is None:
         raise DataError(f"{MANIFEST} not found in {where} (data.url): no dataset is published there; run `baton "
                         "publish-data -c CONFIG` (or `baton prepare --publish`) where the data was prepared")
-    m = parse_manifest(raw, f"{MANIFEST} in {where}")
+    m = parse_manifest(raw, f"{MANIFEST} in {where}", REPUBLISH)
     problems = manifest_problems(m)
     if problems:
         raise DataError(f"{MANIFEST} in {where} was changed after it was published ({problems[0]}); {REPUBLISH}")
