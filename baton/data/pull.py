@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -65,8 +66,12 @@ class DataSource:
         return asdict(self)
 
 
-def ensure_data(cfg: Config) -> DataSource | None:
-    """Make ``data.dir`` hold the dataset published at ``data.url``, verified; None when data.url is unset."""
+def ensure_data(cfg: Config, check: Callable[[dict[str, Any]], None] | None = None) -> DataSource | None:
+    """Make ``data.dir`` hold the dataset published at ``data.url``, verified; None when data.url is unset.
+
+    ``check`` is called with the store's manifest, once it is known sound and before anything is read or
+    written locally: what can refuse the dataset on its manifest alone (the resume's drift check) costs no
+    download."""
     if not cfg.data.url:
         return None
     t0 = time.perf_counter()
@@ -91,6 +96,8 @@ def ensure_data(cfg: Config) -> DataSource | None:
         raise DataError(f"{where} does not hold the dataset its {MANIFEST} describes ({what}); {REPUBLISH}")
     for n, w in files.items():
         w["size"] = listing[n].size if w["size"] is None else w["size"]
+    if check is not None:
+        check(m)
 
     local = Path(cfg.data.dir)
     in_place = same_folder(store, local)

@@ -57,9 +57,9 @@ class Session:
         self.progress_enabled = progress
         self._ledger_open = True
         check_installed(cfg.log.backends)  # a missing tracker package fails now, not after the first hour
-        p = session_parts.build(cfg, stop_after, self.t_start, deadline)
-        self.parts = p
         self.allow_change = frozenset(allow_change)  # keys a resume may change on purpose (session.drift)
+        p = session_parts.build(cfg, stop_after, self.t_start, deadline, resume, self.allow_change)
+        self.parts = p
         try:
             resumed = resuming.resume(p, resume, self.allow_change)
         except BaseException as e:

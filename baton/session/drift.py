@@ -170,14 +170,7 @@ def check_resume(state: dict[str, Any], new_cfg: dict[str, Any], total_steps: in
     if isinstance(step, int) and total_steps < step:
         raise ResumeError(f"the horizon is {total_steps} steps but the checkpoint is at step {step} (raise "
                           "train.steps or train.target_tokens, or start a new run.name)")
-    refused = [d for d in diffs if d.key not in allowed]
-    if refused:
-        could = [d.key for d in refused if d.key in ALLOWABLE]
-        fix = "restore them, or start a new run.name"
-        if could:
-            fix += f"; if intended, pass --allow-change for {', '.join(could)}"
-        raise ResumeError(f"refusing to resume: the checkpoint at step {step} differs from this config in what "
-                          f"makes it the same run: {'; '.join(str(d) for d in diffs)} ({fix})")
+    _refuse(step, diffs, allowed)
     moved = next((d for d in diffs if d.key == HORIZON), None)
     if moved is not None:
         why = horizon_problem(state, new_cfg, total_steps)
@@ -197,6 +190,28 @@ def check_resume(state: dict[str, Any], new_cfg: dict[str, Any], total_steps: in
     if free:
         log.info("resuming with changed settings: %s", "; ".join(str(d) for d in free))
     return [d for d in diffs if d.key in allowed]
+
+
+def _refuse(step: Any, diffs: list[Difference], allowed: set[str] | frozenset[str], note: str = "") -> None:
+    refused = [d for d in diffs if d.key not in allowed]
+    if refused:
+        could = [d.key for d in refused if d.key in ALLOWABLE]
+        fix = "restore them, or start a new run.name"
+        if could:
+            fix += f"; if intended, pass --allow-change for {', '.join(could)}"
+        raise ResumeError(f"refusing to resume: the checkpoint at step {step} differs from this config in what "
+                          f"makes it the same run: {'; '.join(str(d) for d in diffs)}{note} ({fix})")
+
+
+def check_data_before_pull(cursor: dict[str, Any], step: Any, fingerprint: str,
+                           allowed: set[str] | frozenset[str]) -> None:
+    """The drift check's data part, made on the published manifest alone: a checkpoint made on another
+    dataset is refused before the dataset is downloaded (hours at a billion tokens) only to be refused.
+    The whole check (``check_resume``) still runs on the pulled data."""
+    old = cursor.get("dataset_fingerprint")
+    if old != fingerprint:
+        _refuse(step, [Difference("data.fingerprint", old, fingerprint)], allowed,
+                "; the dataset at data.url was not downloaded")
 
 
 def validate_allowed(keys: list[str] | tuple[str, ...]) -> set[str]:

@@ -11,10 +11,12 @@ from typing import Any
 
 import torch
 
+from ..checkpoint.pull import read_pointer
+from ..checkpoint.state import read_state
 from ..config import Config
 from ..data.pull import DataSource, ensure_data
 from ..data.reader import WindowDataset
-from ..errors import BatonError, ConfigError, DataError
+from ..errors import BatonError, ConfigError
 from ..model.llama import build_model, count_parameters, param_count
 from ..model.optimizer import adamw, check_precision
 from ..planning.ledger import SessionLedger
@@ -23,7 +25,7 @@ from ..runtime.device import pick_device
 from ..runtime.flops import FlopsInfo, session_flops
 from ..runtime.parallel import Parallel
 from ..store import RetryPolicy, Store, open_store
-from .drift import tokenizer_sha256
+from .drift import check_data_before_pull, tokenizer_sha256
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +72,8 @@ class Parts:
         return dataclasses.replace(self, model=model, optimizer=optimizer)
 
 
-def build(cfg: Config, stop_after: int | None, started: float, deadline: float | None) -> Parts:
+def build(cfg: Config, stop_after: int | None, started: float, deadline: float | None, resume: str = "auto",
+          allow_change: frozenset[str] = frozenset()) -> Parts:
     """Everything the loop calls, checked before anything long starts (memory, divisibility, vocabulary)."""
     if cfg.train.deterministic:
         determinism.enable()  # before anything touches the GPU
@@ -96,7 +99,7 @@ def build(cfg: Config, stop_after: int | None, started: float, deadline: float |
         )
     store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
     # The dataset before anything is written to the store: a session that cannot have its data ends here.
-    source = _ensure_data(cfg, info)
+    source = _ensure_data(cfg, info, _data_drift(cfg, store, resume, allow_change))
     ledger = _open_ledger(cfg, store, info, device, started, deadline, source)
     data = WindowDataset(cfg.data.dir, cfg.data.seq_len, cfg.data.shuffle_seed, cfg.data.val_windows)
     # Checked now, not when the final export needs it hours later.
@@ -127,20 +130,48 @@ def build(cfg: Config, stop_after: int | None, started: float, deadline: float |
     )
 
 
-def _ensure_data(cfg: Config, info: dist.DistInfo) -> DataSource | None:
+def _ensure_data(cfg: Config, info: dist.DistInfo, check: Callable[[dict[str, Any]], None] | None
+                 ) -> DataSource | None:
     """data.url pulled into data.dir by one process per node while the others wait; every rank gets the error."""
     if not cfg.data.url:
         return None
     source, err = None, None
     if info.local_rank == 0:
         try:
-            source = ensure_data(cfg)
+            source = ensure_data(cfg, check)
         except BatonError as e:
-            err = str(e)
+            err = (type(e), str(e))
     errs = [e for e in dist.gather(err) if e]
     if errs:
-        raise DataError(errs[0])
+        kind, message = errs[0]
+        raise kind(message)
     return source
+
+
+def _data_drift(cfg: Config, store: Store, resume: str, allow_change: frozenset[str]
+                ) -> Callable[[dict[str, Any]], None] | None:
+    """The drift check's data part, for the pull to make on the published manifest before any download: the
+    checkpoint this session would resume (the store's pointer, or --resume PATH) against the dataset's
+    fingerprint. None when there is nothing to compare (--resume never, the change allowed)."""
+    if resume == "never" or "data.fingerprint" in allow_change:
+        return None
+
+    def check(manifest: dict[str, Any]) -> None:
+        if resume == "auto":
+            pointer = read_pointer(store, cfg.run.name)
+            if pointer is None or (pointer.get("complete") and pointer["step"] >= cfg.total_steps):
+                return  # a fresh start, or a complete run that trains nothing
+            cursor, step = pointer["cursor"], pointer["step"]
+        else:
+            try:
+                state = read_state(Path(resume))
+            except BatonError:
+                return  # the resume reports an unreadable checkpoint in its own words
+            cursor, step = state["cursor"], state["step"]
+        if isinstance(cursor, dict):
+            check_data_before_pull(cursor, step, manifest["fingerprint"], allow_change)
+
+    return check
 
 
 def _open_ledger(cfg: Config, store: Store, info: dist.DistInfo, device: torch.device, started: float,

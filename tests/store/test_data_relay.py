@@ -248,10 +248,15 @@ def test_damaged_or_changed_dataset_in_the_store_is_refused_before_any_step(prep
     # Re-published with another corpus between sessions: the resume is refused by the drift check ...
     other = publish(load_config(config(tmp_path, "publish-other", _subset(prepared_data, tmp_path / "other"), b.url)))
     assert other.removed == 1  # the old dataset's extra shard is gone from the store
+    machine0, mark = snapshot(tmp_path / "machine-0"), len(b.proxy.seen)
     r = zyg.run(["train", "-c", cfg, *STEPS], tmp_path / "out")
     assert r.returncode == 2, r.stderr[-3000:]
     (line,) = [x for x in r.stderr.splitlines() if x.startswith("baton: error:")]
     assert "refusing to resume" in line and "data.fingerprint" in line and "--allow-change" in line
+    # ... on the published manifest alone: the other dataset is not downloaded only to be refused.
+    assert "was not downloaded" in line
+    assert not [s.path for s in b.proxy.seen[mark:] if s.method == "GET" and "/shard-" in s.path]
+    assert snapshot(tmp_path / "machine-0") == machine0
     ckpts = {k: v for k, v in store_before.items() if "/ledger/" not in k}
     assert {k: v for k, v in snapshot(tmp_path / "store").items() if "/ledger/" not in k} == ckpts  # a failed
     assert read_metrics(run_dir) == metrics_before  # session is billed in the ledger; nothing else changes
