@@ -297,3 +297,30 @@ def test_data_url_must_be_its_own_location(tmp_path):
         load_config(None, [f"store.url={tmp_path}", f"data.url={tmp_path}/"])
     with pytest.raises(ConfigError, match="data.url must not carry credentials"):
         load_config(None, ["data.url=s3://key:secret@bucket/data"])
+
+
+def test_two_ranks_on_a_fresh_machine_pull_one_verified_copy_and_both_train_on_it(prepared_data, make_backend,
+                                                                                  tmp_path):
+    """torchrun with 2 gloo ranks and an empty data.dir: one process of the node pulls (one GET per file) and
+    verifies, the other waits for it, and both read their share of every global batch from the pulled copy."""
+    from support.distrun import GLOBAL_BATCH, baton_train, expected_batch_shas
+
+    b = make_backend("s3")
+    published = publish(load_config(config(tmp_path, "publish", prepared_data, b.url)))
+    fresh = tmp_path / "fresh-machine" / "data"
+    mark = len(b.proxy.seen)
+    r = baton_train(config(tmp_path, "train", fresh, b.url), "--nproc", "2", "--set", "train.steps=3")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    got = [s.path.split("?")[0].rsplit("/", 1)[1] for s in b.proxy.seen[mark:] if s.method == "GET"]
+    assert sorted(n for n in got if n in DATA_FILES + [MANIFEST]) == sorted(DATA_FILES + [MANIFEST]), got
+    same_bytes(fresh, prepared_data)
+    logs = [(tmp_path / "runs" / "test" / "logs" / f"rank-{k}.log").read_text() for k in (0, 1)]
+    assert [log.count("SHASHED 5 files") for log in logs] == [1, 0]  # verified once, by the node's puller
+    run = tmp_path / "runs" / "test"
+    rows = read_metrics(run)
+    assert [row["batch_sha"] for row in rows] == expected_batch_shas(prepared_data, 3)  # both ranks' shares
+    assert rows[-1]["samples_consumed"] == 3 * GLOBAL_BATCH
+    summary = json.loads((run / "run_summary.json").read_text())
+    assert summary["world_size"] == 2
+    pointer = json.loads((tmp_path / "store" / "test" / "latest.json").read_text())
+    assert pointer["cursor"]["dataset_fingerprint"] == published.fingerprint
