@@ -17,13 +17,15 @@ A rerun after a kill keeps every file already under its final name (hashed, not 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ log = logging.getLogger(__name__)
 
 REPUBLISH = "republish the dataset from the machine that prepared it (`baton publish-data -c CONFIG`)"
 RECORDS = ".baton-data"  # under run.local_dir: what this machine verified, per data folder
+LOCK = ".baton-lock"  # in data.dir: held by the one process pulling into it
 
 
 @dataclass
@@ -101,6 +104,13 @@ def ensure_data(cfg: Config, check: Callable[[dict[str, Any]], None] | None = No
 
     local = Path(cfg.data.dir)
     in_place = same_folder(store, local)
+    with nullcontext() if in_place else _sole_puller(local):
+        return _make_present(cfg, store, local, in_place, raw, m, files, t0)
+
+
+def _make_present(cfg: Config, store, local: Path, in_place: bool, raw: str, m: dict[str, Any],
+                  files: dict[str, dict[str, Any]], t0: float) -> DataSource:
+    where = store.describe()
     record_path = _record_path(cfg, local)
     record = _load_record(record_path, m["fingerprint"])
     current = _local_manifest(local) == raw
@@ -129,6 +139,28 @@ def ensure_data(cfg: Config, check: Callable[[dict[str, Any]], None] | None = No
                      len(reused), time.perf_counter() - t0, in_place)
     log.info("%s; SHASHED %d files total_tokens %s mismatches 0", src.line(), len(files), f"{m['total_tokens']:,}")
     return src
+
+
+@contextmanager
+def _sole_puller(local: Path) -> Iterator[None]:
+    """Hold ``data.dir``'s pull lock: one process at a time judges and pulls into a folder. Nodes that share a
+    file system (an NFS home), or two sessions on one machine, would otherwise pull into the same folder at
+    once, each clearing and renaming the other's files; the one that waits then finds the copy verified."""
+    try:
+        local.mkdir(parents=True, exist_ok=True)
+        fd = os.open(local / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:  # a folder this process cannot write: nothing is pulled into it (the pull says so)
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("another process is pulling the dataset into %s; waiting for it to finish", local)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _pool(cfg: Config) -> ThreadPoolExecutor:

@@ -290,6 +290,37 @@ def test_a_read_only_input_folder_is_a_data_source_and_is_never_written(prepared
             p.chmod(p.stat().st_mode | stat.S_IWUSR)
 
 
+def test_two_pullers_into_one_data_dir_take_turns(prepared_data, tmp_path, monkeypatch):
+    """Nodes sharing a file system (or two sessions on one machine) pull into the same data.dir: one pulls,
+    the other waits for it and finds the copy verified, instead of clearing and renaming the other's files."""
+    import threading
+
+    monkeypatch.setenv("BATON_FAULT_PAUSE", "data.pull=0.2")  # the first puller is still at it when the second starts
+    shared = tmp_path / "shared" / "data"
+    cfg = load_config(config(tmp_path, "c", shared, str(prepared_data), None, "transfer_workers = 1"))
+    results: dict = {}
+
+    def pull(n: str) -> None:
+        try:
+            results[n] = ensure_data(cfg)
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            results[n] = e
+
+    first = threading.Thread(target=pull, args=("first",))
+    first.start()
+    t0 = time.monotonic()
+    while not (shared / DATA_FILES[0]).exists() and first.is_alive():
+        assert time.monotonic() - t0 < 120, "the first pull never placed a file"
+        time.sleep(0.01)
+    second = threading.Thread(target=pull, args=("second",))
+    second.start()
+    first.join(120)
+    second.join(120)
+    assert [getattr(results.get(n), "pulled_files", results.get(n)) for n in ("first", "second")] == [5, 0], results
+    same_bytes(shared, prepared_data)
+    assert not list(shared.glob("*.pull*"))
+
+
 def test_data_url_must_be_its_own_location(tmp_path):
     from baton.errors import ConfigError
 
