@@ -203,15 +203,21 @@ def _refuse(step: Any, diffs: list[Difference], allowed: set[str] | frozenset[st
                           f"makes it the same run: {'; '.join(str(d) for d in diffs)}{note} ({fix})")
 
 
-def check_data_before_pull(cursor: dict[str, Any], step: Any, fingerprint: str,
-                           allowed: set[str] | frozenset[str]) -> None:
-    """The drift check's data part, made on the published manifest alone: a checkpoint made on another
-    dataset is refused before the dataset is downloaded (hours at a billion tokens) only to be refused.
-    The whole check (``check_resume``) still runs on the pulled data."""
-    old = cursor.get("dataset_fingerprint")
-    if old != fingerprint:
-        _refuse(step, [Difference("data.fingerprint", old, fingerprint)], allowed,
-                "; the dataset at data.url was not downloaded")
+def check_before_pull(state: dict[str, Any] | None, cursor: dict[str, Any], step: Any, new_cfg: dict[str, Any],
+                      total_steps: int, manifest: dict[str, Any], permutation: str | None,
+                      allowed: set[str] | frozenset[str]) -> None:
+    """The drift check made on the published manifest alone, before the dataset is downloaded (hours at a
+    billion tokens) only to be refused: with the checkpoint's ``state`` every difference ``check_resume``
+    would find (the tokenizer and order as the manifest implies them), else the corpus fingerprint against
+    the ``cursor``. The whole check still runs on the pulled data."""
+    note = "; the dataset at data.url was not downloaded"
+    if state is None or permutation is None:
+        old = cursor.get("dataset_fingerprint")
+        if old != manifest["fingerprint"]:
+            _refuse(step, [Difference("data.fingerprint", old, manifest["fingerprint"])], allowed, note)
+        return
+    _refuse(step, differences(state, new_cfg, manifest["fingerprint"], permutation, manifest["tokenizer"]["sha256"],
+                              total_steps), allowed, note)
 
 
 def validate_allowed(keys: list[str] | tuple[str, ...]) -> set[str]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,8 +14,9 @@ from typing import Any
 import torch
 
 from ..checkpoint.pull import read_pointer
-from ..checkpoint.state import read_state
+from ..checkpoint.state import STATE_FILE, read_state
 from ..config import Config
+from ..data.permutation import Permutation
 from ..data.pull import DataSource, ensure_data
 from ..data.reader import WindowDataset
 from ..errors import BatonError, ConfigError
@@ -25,7 +28,7 @@ from ..runtime.device import pick_device
 from ..runtime.flops import FlopsInfo, session_flops
 from ..runtime.parallel import Parallel
 from ..store import RetryPolicy, Store, open_store
-from .drift import check_data_before_pull, tokenizer_sha256
+from .drift import check_before_pull, tokenizer_sha256
 
 log = logging.getLogger(__name__)
 
@@ -150,10 +153,10 @@ def _ensure_data(cfg: Config, info: dist.DistInfo, check: Callable[[dict[str, An
 
 def _data_drift(cfg: Config, store: Store, resume: str, allow_change: frozenset[str]
                 ) -> Callable[[dict[str, Any]], None] | None:
-    """The drift check's data part, for the pull to make on the published manifest before any download: the
-    checkpoint this session would resume (the store's pointer, or --resume PATH) against the dataset's
-    fingerprint. None when there is nothing to compare (--resume never, the change allowed)."""
-    if resume == "never" or "data.fingerprint" in allow_change:
+    """The drift check, for the pull to make on the published manifest before any download: the checkpoint
+    this session would resume (the store's pointer and its state.json, or --resume PATH) against this config
+    and the dataset the manifest describes. None when there is nothing to compare (--resume never)."""
+    if resume == "never":
         return None
 
     def check(manifest: dict[str, Any]) -> None:
@@ -161,7 +164,7 @@ def _data_drift(cfg: Config, store: Store, resume: str, allow_change: frozenset[
             pointer = read_pointer(store, cfg.run.name)
             if pointer is None or (pointer.get("complete") and pointer["step"] >= cfg.total_steps):
                 return  # a fresh start, or a complete run that trains nothing
-            cursor, step = pointer["cursor"], pointer["step"]
+            cursor, step, state = pointer["cursor"], pointer["step"], _stored_state(store, cfg.run.name, pointer)
         else:
             try:
                 state = read_state(Path(resume))
@@ -169,9 +172,25 @@ def _data_drift(cfg: Config, store: Store, resume: str, allow_change: frozenset[
                 return  # the resume reports an unreadable checkpoint in its own words
             cursor, step = state["cursor"], state["step"]
         if isinstance(cursor, dict):
-            check_data_before_pull(cursor, step, manifest["fingerprint"], allow_change)
+            n_train = WindowDataset.train_windows(manifest["total_tokens"], cfg.data.seq_len, cfg.data.val_windows)
+            order = Permutation(n_train, cfg.data.shuffle_seed, 0).fingerprint() if n_train >= 1 else None
+            check_before_pull(state, cursor, step, cfg.to_dict(), cfg.total_steps, manifest, order, allow_change)
 
     return check
+
+
+def _stored_state(store: Store, run: str, pointer: dict[str, Any]) -> dict[str, Any] | None:
+    """The pointer's state.json when the store holds it as the pointer says (a few kB); else None, and the
+    resume itself reports what is wrong with the checkpoint."""
+    want = (pointer.get("files") or {}).get(STATE_FILE) or {}
+    try:
+        text = store.read_text(f"{run}/{pointer['path']}/{STATE_FILE}")
+        if text is None or hashlib.sha256(text.encode("utf-8")).hexdigest() != want.get("sha256"):
+            return None
+        state = json.loads(text)
+    except (BatonError, ValueError):
+        return None
+    return state if isinstance(state, dict) and isinstance(state.get("config"), dict) else None
 
 
 def _open_ledger(cfg: Config, store: Store, info: dist.DistInfo, device: torch.device, started: float,

@@ -236,6 +236,12 @@ def test_damaged_or_changed_dataset_in_the_store_is_refused_before_any_step(prep
         assert not (fresh / MANIFEST).exists() and not list(fresh.glob("*.pull*"))
         return lines[0]
 
+    # A resume the drift check refuses is refused on the published manifest, before the dataset is downloaded.
+    r = zyg.run(["train", "-c", config(tmp_path, "m0", tmp_path / "machine-0b", b.url), *STEPS,
+                 "--set", "data.seq_len=16"], tmp_path / "out")
+    (line,) = [x for x in r.stderr.splitlines() if x.startswith("baton: error:")]
+    assert r.returncode == 2 and "refusing to resume" in line and "data.seq_len: checkpoint 32, now 16" in line, line
+    assert "was not downloaded" in line and not list((tmp_path / "machine-0b").glob("shard-*"))
     b.flip("shard-00001.bin", 1000)
     refused(1, "shard-00001.bin", "sha256", "baton publish-data")
     b.remove("shard-00002.bin")
