@@ -202,7 +202,7 @@ def _pull(store, local: Path, names: list[str], files: dict[str, dict[str, Any]]
     log.info("pulling %d of %d files (%s MB) from %s into %s", len(names), len(files),
              f"{sum(files[n]['size'] for n in names) / 1e6:,.1f}", store.describe(), local)
 
-    def get(item: tuple[int, str]) -> tuple[str, str | None]:
+    def get(item: tuple[int, str]) -> tuple[str, str | BatonError | None]:
         i, name = item
         faults.point("data.pull", i)
         tmp = local / (name + ".pull")
@@ -221,15 +221,19 @@ def _pull(store, local: Path, names: list[str], files: dict[str, dict[str, Any]]
             st = (local / name).stat()
             known[name] = [st.st_size, st.st_ino, st.st_mtime_ns, got]
             return name, None
-        except BatonError as e:
-            return name, f"{name}: {e}"
+        except BatonError as e:  # the store or this machine's disk failed, not the published bytes
+            return name, e
         finally:
             tmp.unlink(missing_ok=True)
 
     with _pool(cfg) as pool:
-        problems = [p for _, p in pool.map(get, enumerate(names)) if p]
-    if problems:
-        raise DataError(f"{'; '.join(problems[:3])}{'; …' if len(problems) > 3 else ''}; {REPUBLISH}")
+        outcomes = [p for _, p in pool.map(get, enumerate(names)) if p]
+    changed = [p for p in outcomes if isinstance(p, str)]
+    if changed:
+        raise DataError(f"{'; '.join(changed[:3])}{'; …' if len(changed) > 3 else ''}; {REPUBLISH}")
+    failed = [p for p in outcomes if isinstance(p, BatonError)]
+    if failed:
+        raise failed[0]  # with its own fix (the store is down, the disk is full): republishing would not help
     return sum(files[n]["size"] for n in names)
 
 

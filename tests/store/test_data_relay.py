@@ -327,6 +327,25 @@ def test_two_pullers_into_one_data_dir_take_turns(prepared_data, tmp_path, monke
     assert not list(shared.glob("*.pull*"))
 
 
+def test_a_store_outage_during_the_pull_says_so_and_the_rerun_completes(prepared_data, make_backend, tmp_path):
+    """A store that stops answering mid-pull is an outage (rerun), not a damaged dataset (republish)."""
+    from baton.errors import StoreError
+
+    b = make_backend("s3")
+    publish(load_config(config(tmp_path, "publish", prepared_data, b.url)))
+    fresh = tmp_path / "fresh" / "data"
+    cfg = load_config(config(tmp_path, "train", fresh, b.url), ["store.retries=2", "store.retry_seconds=1"])
+    b.fault("status", status=503, match=lambda method, path: method == "GET" and "shard-00002" in path)
+    with pytest.raises(StoreError, match="shard-00002.bin failed in S3 store .*looks down or unreachable") as e:
+        ensure_data(cfg)
+    assert "republish" not in str(e.value)
+    assert not (fresh / MANIFEST).exists() and not list(fresh.glob("*.pull*"))
+    b.clear_faults()
+    again = ensure_data(cfg)
+    assert again.pulled_files == 1 and again.hashed_files == 5  # the four files already in place are kept
+    same_bytes(fresh, prepared_data)
+
+
 def test_data_url_must_be_its_own_location(tmp_path):
     from baton.errors import ConfigError
 
