@@ -356,17 +356,20 @@ def test_data_url_must_be_its_own_location(tmp_path):
 
 
 def test_two_ranks_on_a_fresh_machine_pull_one_verified_copy_and_both_train_on_it(prepared_data, make_backend,
-                                                                                  tmp_path):
+                                                                                  tmp_path, monkeypatch):
     """torchrun with 2 gloo ranks and an empty data.dir: one process of the node pulls (one GET per file) and
-    verifies, the other waits for it, and both read their share of every global batch from the pulled copy."""
-    from support.distrun import GLOBAL_BATCH, baton_train, expected_batch_shas
+    verifies, the other waits for it, and both read their share of every global batch from the pulled copy.
+    Launched through the Python API (``baton.train(cfg, nproc=2)``), as a notebook does."""
+    import baton
+    from support.distrun import GLOBAL_BATCH, expected_batch_shas
 
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # two ranks on a two-core machine must not oversubscribe it
     b = make_backend("s3")
     published = publish(load_config(config(tmp_path, "publish", prepared_data, b.url)))
     fresh = tmp_path / "fresh-machine" / "data"
     mark = len(b.proxy.seen)
-    r = baton_train(config(tmp_path, "train", fresh, b.url), "--nproc", "2", "--set", "train.steps=3")
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    baton.train(load_config(config(tmp_path, "train", fresh, b.url), ["train.steps=3"]), nproc=2, progress=False,
+                stream_output=False)
     got = [s.path.split("?")[0].rsplit("/", 1)[1] for s in b.proxy.seen[mark:] if s.method == "GET"]
     assert sorted(n for n in got if n in DATA_FILES + [MANIFEST]) == sorted(DATA_FILES + [MANIFEST]), got
     same_bytes(fresh, prepared_data)
