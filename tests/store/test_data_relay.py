@@ -263,6 +263,12 @@ def test_damaged_or_changed_dataset_in_the_store_is_refused_before_any_step(prep
     assert "was not downloaded" in line
     assert not [s.path for s in b.proxy.seen[mark:] if s.method == "GET" and "/shard-" in s.path]
     assert snapshot(tmp_path / "machine-0") == machine0
+    # The same with the checkpoint named by --resume PATH (here: the store's own copy of it).
+    ckpt = tmp_path / "store" / "test" / json.loads((tmp_path / "store" / "test" / "latest.json").read_text())["path"]
+    r = zyg.run(["train", "-c", cfg, *STEPS, "--resume", ckpt], tmp_path / "out")
+    (line,) = [x for x in r.stderr.splitlines() if x.startswith("baton: error:")]
+    assert r.returncode == 2 and "data.fingerprint" in line and "was not downloaded" in line, line
+    assert snapshot(tmp_path / "machine-0") == machine0
     ckpts = {k: v for k, v in store_before.items() if "/ledger/" not in k}
     assert {k: v for k, v in snapshot(tmp_path / "store").items() if "/ledger/" not in k} == ckpts  # a failed
     assert read_metrics(run_dir) == metrics_before  # session is billed in the ledger; nothing else changes
