@@ -97,6 +97,16 @@ def publish_data(cfg: Config) -> str:
     return line
 
 
+def _check_hub_writes(cfg: Config) -> None:
+    """A token that may only read a Hub store or publish target is refused now, not at the first checkpoint
+    push or at the horizon's publish hours later (one whoami request each; no verdict, no refusal)."""
+    from .store import RetryPolicy
+    from .store.hub import HubStore
+
+    for url in dict.fromkeys(u for u in (cfg.store.url, cfg.publish.url) if u.startswith("hf://")):
+        HubStore.from_url(url, RetryPolicy.from_config(cfg.store)).check_write_access()
+
+
 def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = None,
           session_hours: float | str | None = None, deadline: str | None = None, nproc: int = 1,
           allow_change: Iterable[str] = (), progress: bool = True, launch: LaunchSpec | None = None,
@@ -130,6 +140,8 @@ def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = N
         from .evaluate.run import Plan
 
         Plan(cfg)  # the horizon's publish evaluates these: a missing file or unknown task is said now, not then
+    if rank == 0:
+        _check_hub_writes(cfg)
     from .session.drift import validate_allowed
 
     allowed = tuple(sorted(validate_allowed(list(allow_change))))

@@ -54,6 +54,7 @@ def open_target(cfg: Config, revision: str | None = None) -> Target:
         store = HubStore.from_url(url, retry)
         target = Target(store, "", store.repo_id)
         _probe(target)
+        store.check_write_access()  # a read-only token is said here, not at the first upload
         if revision and revision != store.revision:
             store._call(lambda: store.api.create_branch(store.repo_id, branch=revision, revision=store.revision,
                                                         repo_type=store.repo_type, exist_ok=True),

@@ -282,3 +282,51 @@ def test_lm_eval_on_a_local_task_improves_with_training(published, tmp_path, mon
     assert early["tasks"]["local_text"]["bits_per_byte"] > late["tasks"]["local_text"]["bits_per_byte"] > 0
     assert early["files"]["local.jsonl"]["bits_per_byte"] > late["files"]["local.jsonl"]["bits_per_byte"]
     assert json.loads((base / "store" / "test" / "eval" / "20.json").read_text())["tasks"] == late["tasks"]
+
+
+def test_a_token_that_may_not_write_is_refused_before_any_upload(make_config, hub_server, monkeypatch):
+    """whoami names the token's rights: a read token, or a fine-grained one without repo.write on the target, is
+    one line before anything is pulled or uploaded, for `baton publish` and for `baton train` on a Hub store or
+    with a Hub publish target. A token with the right is let through; a server that cannot say is not a refusal
+    (its 403 at the first upload is, as before)."""
+    import baton
+    from baton.errors import BatonError, StoreError
+    from baton.release.publish import open_target, publish
+    from baton.store.hub import HubStore
+
+    b = HubBackend(hub_server, FAST_RETRY)
+    owner = b.repo.split("/")[0]
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", b.proxy.url)
+        monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+        cfg = make_config()
+        read = hub_server.add_token({"role": "read"})
+        other = hub_server.add_token({"role": "fineGrained", "fineGrained": {"scoped": [
+            {"entity": {"type": "user", "name": owner}, "permissions": ["repo.content.read"]},
+            {"entity": {"type": "model", "name": owner + "/other"}, "permissions": ["repo.write"]}]}})
+        scoped = hub_server.add_token({"role": "fineGrained", "fineGrained": {"scoped": [
+            {"entity": {"type": "model", "name": b.repo}, "permissions": ["repo.content.read", "repo.write"]}]},
+        }, writes=True)
+        c = baton.load_config(cfg, [f"publish.url=hf://{b.repo}"])
+        for token, why in ((read, "a read token"), (other, "a fine-grained token without repo.write")):
+            monkeypatch.setenv("HF_TOKEN", token)
+            for fn in (lambda: publish(c), lambda: baton.train(c, progress=False),
+                       lambda: baton.train(baton.load_config(cfg, [f"store.url=hf://{b.repo}"]), progress=False)):
+                with pytest.raises(StoreError) as e:
+                    fn()
+                assert str(e.value) == (f"the token may not write to {b.repo} ({why}"
+                                        + (f" on {owner} or {b.repo}" if token == other else "")
+                                        + "): use a token with write access to it (HF_TOKEN or `hf auth login`)")
+        assert not any(s.method in ("PUT", "POST") for s in b.proxy.seen) and b.hub.files(b.repo) == {}
+        assert not (cfg.parent / "store").exists() and not (cfg.parent / "runs").exists()
+
+        monkeypatch.setenv("HF_TOKEN", scoped)
+        open_target(c)
+        hub_server.serve_whoami = False  # no verdict: the upload's own 403 is the answer, still one line
+        monkeypatch.setenv("HF_TOKEN", read)
+        open_target(c)
+        with pytest.raises(BatonError, match=r"may not write to .* \(HTTP 403\)"):
+            HubStore.from_url(f"hf://{b.repo}", FAST_RETRY).write_text("probe.txt", "x")
+    finally:
+        hub_server.serve_whoami = True
+        b.close()
