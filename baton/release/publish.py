@@ -5,7 +5,7 @@ config, tokenizer, loss curve) are pushed and verified first; the model card ``R
 and read back. A card left by an earlier publish is removed before any file changes, so the target never
 shows a card that names files not yet verified: a publish cut short leaves verified files and no card,
 and running it again finishes it. The checkpoint store is only read, except for the evaluation record
-``<run>/eval/<step>.json`` (written when none exists yet).
+``<run>/eval/<step>.json`` (written when none exists yet for what the config's [eval] names).
 
 Intermediate checkpoints go to revisions ``step-N``: branches of a Hub repository, folders ``step-N/``
 elsewhere.
@@ -139,14 +139,13 @@ def publish(cfg: Config, step: int | None = None, revision: str | None = None) -
     target = open_target(cfg, revision)
     ckpt_store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
     wanted = locate(ckpt_store, cfg.run.name, step)["step"]  # a step not in the store fails here, before uploads
-    evaluation = read_record(ckpt_store, cfg.run.name, wanted)
-    plan = Plan(cfg) if evaluation is None else None
+    plan = Plan(cfg)
+    evaluation = read_record(ckpt_store, cfg.run.name, wanted, plan)  # reused only if it scored what cfg names
     with tempfile.TemporaryDirectory(prefix="baton-publish-") as tmp:
         model, state = checkpoint_model(cfg, "store", Path(tmp), wanted)
         folder = export_model(model, Path(cfg.data.dir) / TOKENIZER_FILE, Path(tmp) / "model",
                               load_manifest(cfg.data.dir)["tokenizer"]["eos_token"])
         if evaluation is None:
-            assert plan is not None  # built above, before any download, for the missing record
             evaluation = evaluate_model(cfg, plan, model, state, folder)
             write_record(ckpt_store, cfg.run.name, evaluation)
         metrics = Path(tmp) / "ckpt" / METRICS_FILE
@@ -166,7 +165,7 @@ def publish_trained(cfg: Config, model, step: int, folder: Path, metrics: Path |
     state = {"step": step, "config": cfg.to_dict()}
     with tempfile.TemporaryDirectory(prefix="baton-publish-") as tmp:
         staged = Path(shutil.copytree(folder, Path(tmp) / "model"))
-        evaluation = read_record(ckpt_store, cfg.run.name, step)
+        evaluation = read_record(ckpt_store, cfg.run.name, step, plan)
         if evaluation is None:
             evaluation = evaluate_model(cfg, plan, model, state, staged)
             write_record(ckpt_store, cfg.run.name, evaluation)

@@ -129,6 +129,35 @@ def test_eval_of_any_verified_step_scores_as_the_run_did(published, tmp_path):
     assert AutoModelForCausalLM.from_pretrained(folder).config.num_hidden_layers == c.model.n_layers
 
 
+def test_a_publish_reevaluates_when_what_the_config_evaluates_changed(published, tmp_path):
+    """The step's evaluation record is reused only when it scored what [eval] names now: a file added, a file's
+    content changed or a file dropped is evaluated again, and the card shows the new numbers; the same config
+    twice reuses the record."""
+    from baton.config import load_config
+    from baton.evaluate.run import eval_key
+    from baton.release.publish import publish
+
+    _, cfg, base = published
+    text = tmp_path / "notes.txt"
+    text.write_text("def add(a, b):\n    return a + b\n" * 20)
+    record = base / "store" / eval_key("test", 10)
+
+    def card(files: list[str]) -> dict[tuple[str, str], float]:
+        out = tmp_path / f"pub-{len(list(tmp_path.glob('pub-*')))}"
+        publish(load_config(cfg, [f"publish.url={out}", f"eval.files={files}"]), 10)
+        return results(ModelCard.load(out / "README.md"))
+
+    with_file = card([str(text)])
+    assert ("text-file", "loss") in with_file
+    assert json.loads(record.read_text())["files"]["notes.txt"]["path"] == str(text)
+    text.write_text("import os\nprint(os.getcwd())\n" * 20)  # same name, other content
+    changed = card([str(text)])
+    assert changed[("text-file", "loss")] != with_file[("text-file", "loss")]
+    held = record.read_bytes()
+    assert card([str(text)]) == changed and record.read_bytes() == held  # nothing changed: reused as it is
+    assert ("text-file", "loss") not in card([]) and json.loads(record.read_text())["files"] == {}
+
+
 def store_digest(root: Path) -> str:
     h = hashlib.sha256()
     for p in sorted(root.rglob("*")):
@@ -218,6 +247,10 @@ def test_bad_publish_input_is_one_line_before_any_upload(published, hub_server, 
         assert r.returncode == 2 and r.stderr.strip().splitlines() == [
             f"baton: error: eval file {tmp_path / 'missing.txt'} not found (fix eval.files or --files)"]
         c = load_config(cfg, [url])
+        same_name = [str(tmp_path / d / "x.txt") for d in "ab"]  # the record names a file's scores by its name
+        for f in same_name:
+            Path(f).parent.mkdir()
+            Path(f).write_text("x = 1\n")
         cases = [
             (lambda: publish(load_config(cfg, ["publish.url=hf://baton-test/no-such-repo"])), "was not found"),
             (lambda: load_config(cfg, ["publish.url=ftp://host/m"]), "publish.url ftp:// is not supported"),
@@ -225,6 +258,7 @@ def test_bad_publish_input_is_one_line_before_any_upload(published, hub_server, 
             (lambda: run_eval(c, 7, [], []), "step 7 is not a verified checkpoint"),
             (lambda: export_run(c, "store", tmp_path / "x", 7), "step 7 is not a verified checkpoint"),
             (lambda: run_eval(c, 20, [str(tmp_path / "missing.txt")], []), "eval file"),
+            (lambda: run_eval(c, 20, same_name, []), "eval files share the name(s) x.txt"),
         ]
         for fn, said in cases:
             with pytest.raises(BatonError) as e:
@@ -254,10 +288,11 @@ metric_list:
 """
 
 
-def test_lm_eval_on_a_local_task_improves_with_training(published, tmp_path, monkeypatch):
+def test_lm_eval_on_a_local_task_improves_with_training(published, tmp_path, monkeypatch, capfd):
     """lm-evaluation-harness, offline, on a local loglikelihood_rolling task over a JSONL file: bits per byte
     are lower at step 20 than at step 10; the same file as an eval file is scored by baton too; an unknown
-    task is refused before anything is pulled."""
+    task is refused before anything is pulled. Run outside a git checkout, the harness's git probe prints
+    nothing to the terminal."""
     import textwrap
 
     from baton.config import load_config
@@ -267,6 +302,7 @@ def test_lm_eval_on_a_local_task_improves_with_training(published, tmp_path, mon
     _, cfg, base = published
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
     text = Path(textwrap.__file__).read_text()
     data = tmp_path / "local.jsonl"
     data.write_text("".join(json.dumps({"text": text[i : i + 600]}) + "\n" for i in range(0, 3000, 600)))
@@ -276,6 +312,7 @@ def test_lm_eval_on_a_local_task_improves_with_training(published, tmp_path, mon
     c = load_config(cfg, [f"eval.task_dir={tasks}"])
     early, _ = run_eval(c, 10, [str(data)], ["local_text"])
     late, _ = run_eval(c, 20, [str(data)], ["local_text"])
+    assert "not a git repository" not in capfd.readouterr().err
     # An unknown name makes the harness index all its own tasks first (seconds): asked once, last.
     with pytest.raises(BatonError, match="lm-eval task.*no_such_task not found"):
         run_eval(c, 10, [], ["local_text", "no_such_task"])
