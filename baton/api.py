@@ -258,3 +258,26 @@ def export(cfg: Config, out: str | Path, source: str = "store", step: int | None
     path = export_run(cfg, source, output_dir(out, "--out", cfg, force), step)
     print(f"exported to {path}")
     return path
+
+
+def eval(cfg: Config, step: int | None = None, *, files: Iterable[str] | None = None,  # noqa: A001 - `baton eval`
+         tasks: Iterable[str] | None = None) -> dict[str, Any]:
+    """`baton eval`: score the verified checkpoint at ``step`` (None: the pointer's) on the run's held-out
+    windows, ``files`` and lm-eval ``tasks`` (None: the config's eval.files / eval.tasks); the record is written
+    to ``<run>/eval/<step>.json`` in the store and returned."""
+    from .evaluate.run import run_eval
+
+    _console()
+    record, _ = run_eval(cfg, step, None if files is None else [str(f) for f in files],
+                         None if tasks is None else list(tasks))
+    return record
+
+
+def publish(cfg: Config, step: int | None = None, *, revision: str | None = None) -> dict[str, Any]:
+    """`baton publish`: the verified checkpoint at ``step`` (None: the pointer's) with its model card at
+    ``publish.url``, at ``revision`` (a branch of a Hub repository, a folder elsewhere) when given; returns
+    the target, the step, the verified files and the card's key."""
+    from .release.publish import publish as publish_step
+
+    _console()
+    return publish_step(cfg, step, revision)

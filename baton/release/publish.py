@@ -113,7 +113,8 @@ def publish_folder(cfg: Config, target: Target, folder: Path, state: dict[str, A
     files, _ = push_folder(store, folder, target.prefix, cfg.store.verify)
     faults.point("publish.card", state["step"])
     ckpt_store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
-    card = build_card(repo=target.repo, run=cfg.run.name, step=state["step"], params=param_count(saved.model),
+    card = build_card(repo=target.repo, run=cfg.run.name, step=state["step"], horizon=saved.total_steps,
+                      params=param_count(saved.model),
                       tokens_seen=state["step"] * saved.tokens_per_step, config=state["config"],
                       manifest=load_manifest(cfg.data.dir), ledger=_ledger_summary(ckpt_store, cfg.run.name),
                       evaluation=evaluation, license=cfg.publish.license, tags=cfg.publish.tags,

@@ -83,11 +83,15 @@ def test_horizon_publishes_a_loadable_model_whose_card_holds_the_run(published, 
         assert number in card.text
     manifest = json.loads((Path(summary["config"]["data"]["dir"]) / "manifest.json").read_text())
     assert manifest["fingerprint"] in card.text and "![training loss](loss_curve.png)" in card.text
+    assert "## Limitations" in card.text and "not instruction-tuned" in card.text  # said from the run's numbers
+    assert f"pretrained from scratch on {summary['tokens_consumed']:,} tokens" in card.text
+    assert "intermediate checkpoint" not in card.text and "- CPU hours billed to the run" in card.text
 
     # publish.every=10: step 10 is the branch step-10, with its own card
     branch = download(b, tmp_path / "rev", revision="step-10")
     card10 = ModelCard.load(branch / "README.md")
     assert "step 10" in card10.text and MODEL_FILES <= {p.name for p in branch.iterdir()}
+    assert "An intermediate checkpoint: step 10 of the run's 20-step horizon" in card10.text
     assert b.hub.read(b.repo, "model.safetensors", "step-10") != b.hub.read(b.repo, "model.safetensors")
 
 
