@@ -14,11 +14,12 @@ from baton.session.clock import TimeBudget
     ('log.backends=["wandb","wandb"]', "log.backends lists a backend twice"),
     ("log.mlflow_uri=https://u:p@mlflow.invalid", "log.mlflow_uri must not carry credentials"),
     ("train.eval_every=-1", "train.eval_every must be >= 0"),
+    ("train.eval_every=3 data.val_windows=0", "train.eval_every=3 needs held-out windows: set data.val_windows > 0"),
     ("train.spike_threshold=-2", "train.spike_threshold must be > 0"),
 ])
 def test_bad_log_and_eval_keys_are_named(override, message):
     with pytest.raises(ConfigError, match=message):
-        load_config(None, [override])
+        load_config(None, override.split())
 
 
 def test_budget_keeps_time_for_the_next_evaluation():
