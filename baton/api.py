@@ -103,8 +103,9 @@ def _check_hub_writes(cfg: Config) -> None:
     from .store import RetryPolicy
     from .store.hub import HubStore
 
-    for url in dict.fromkeys(u for u in (cfg.store.url, cfg.publish.url) if u.startswith("hf://")):
-        HubStore.from_url(url, RetryPolicy.from_config(cfg.store)).check_write_access()
+    for key, url in (("store.url", cfg.store.url), ("publish.url", cfg.publish.url)):
+        if url.startswith("hf://"):
+            HubStore.from_url(url, RetryPolicy.from_config(cfg.store), key=key).check_write_access()
 
 
 def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = None,

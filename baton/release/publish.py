@@ -51,15 +51,19 @@ def open_target(cfg: Config, revision: str | None = None) -> Target:
     if url.startswith("hf://"):
         from ..store.hub import HubStore
 
-        store = HubStore.from_url(url, retry)
+        store = HubStore.from_url(url, retry, key="publish.url")
         target = Target(store, "", store.repo_id)
         _probe(target)
         store.check_write_access()  # a read-only token is said here, not at the first upload
-        if revision and revision != store.revision:
-            store._call(lambda: store.api.create_branch(store.repo_id, branch=revision, revision=store.revision,
+        # The branch to publish to (--revision, else the URL's ?revision=) is made if missing: from the URL's
+        # revision, or from main for the URL's own.
+        branch, start = (revision, store.revision) if revision and revision != store.revision else \
+            (store.revision, "main")
+        if branch != "main":
+            store._call(lambda: store.api.create_branch(store.repo_id, branch=branch, revision=start,
                                                         repo_type=store.repo_type, exist_ok=True),
-                        f"creation of branch {revision}")
-            store.revision = revision
+                        f"creation of branch {branch}")
+            store.revision = branch
         return target
     target = Target(open_store(url, retry), revision or "", url)
     _probe(target)

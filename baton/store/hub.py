@@ -76,10 +76,11 @@ class HubStore:
 
     @classmethod
     def from_url(cls, url: str, retry: RetryPolicy | None = None, endpoint: str | None = None,
-                 token: str | None = None) -> HubStore:
+                 token: str | None = None, key: str = "store.url") -> HubStore:
+        """``key``: the config key the URL came from, named in the errors."""
         parts = urlsplit(url)
         if parts.username or parts.password or "@" in parts.netloc:
-            raise ConfigError("store.url must not carry a token; set HF_TOKEN or run `hf auth login`")
+            raise ConfigError(f"{key} must not carry a token; set HF_TOKEN or run `hf auth login`")
         repo_id = (parts.netloc + parts.path).strip("/")
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         # hf://datasets/owner/name names a dataset repository, as huggingface_hub's own hf:// paths do.
@@ -87,16 +88,16 @@ class HubStore:
         if typed:
             repo_id = repo_id.removeprefix("datasets/")
         if repo_id.count("/") != 1 or not all(repo_id.split("/")):
-            raise ConfigError(f"store.url {url!r} must name a repository as hf://owner/repo or "
+            raise ConfigError(f"{key} {url!r} must name a repository as hf://owner/repo or "
                               "hf://datasets/owner/name")
         unknown = sorted(set(query) - {"revision", "type"})
         if unknown:
-            raise ConfigError(f"store.url has unknown option(s) {', '.join(unknown)} (known: revision, type)")
+            raise ConfigError(f"{key} has unknown option(s) {', '.join(unknown)} (known: revision, type)")
         if typed and query.get("type", "dataset") != "dataset":
-            raise ConfigError(f"store.url {url!r} names a dataset repository but says type={query['type']}")
+            raise ConfigError(f"{key} {url!r} names a dataset repository but says type={query['type']}")
         repo_type = query.get("type", "dataset" if typed else "model")
         if repo_type not in ("model", "dataset"):
-            raise ConfigError(f"store.url type={repo_type!r}: use model or dataset")
+            raise ConfigError(f"{key} type={repo_type!r}: use model or dataset")
         return cls(repo_id, repo_type, query.get("revision", "main"), endpoint or os.environ.get("HF_ENDPOINT"), token,
                    retry)
 

@@ -363,6 +363,11 @@ def test_a_token_that_may_not_write_is_refused_before_any_upload(make_config, hu
 
         monkeypatch.setenv("HF_TOKEN", scoped)
         open_target(c)
+        # The URL's own revision is made when missing, as --revision makes its branch; a bad URL names its key.
+        assert open_target(baton.load_config(cfg, [f"publish.url=hf://{b.repo}?revision=dev"])).store.revision == "dev"
+        assert (b.repo, "dev") in hub_server.branches
+        with pytest.raises(BatonError, match="^publish.url 'hf://baton-test' must name a repository"):
+            publish(baton.load_config(cfg, ["publish.url=hf://baton-test"]))
         hub_server.serve_whoami = False  # no verdict: the upload's own 403 is the answer, still one line
         monkeypatch.setenv("HF_TOKEN", read)
         open_target(c)
