@@ -64,6 +64,9 @@ def publish(cfg: Config) -> PublishReport:
     if problems:
         raise DataError(f"{folder / MANIFEST} does not agree with itself ({problems[0]}); rerun `baton prepare`")
     store = data_store(cfg)
+    check_write = getattr(store, "check_write_access", None)  # a Hub token that may only read: said before uploads
+    if check_write is not None:
+        check_write()
     if same_folder(store, folder):
         raise DataError(f"data.url is data.dir itself ({folder}): nothing to publish (point data.url at another "
                         "folder or a remote store)")

@@ -337,6 +337,7 @@ def test_a_token_that_may_not_write_is_refused_before_any_upload(make_config, hu
 
     b = HubBackend(hub_server, FAST_RETRY)
     owner = b.repo.split("/")[0]
+    hub_server.create_repo(f"datasets/{b.repo}")
     try:
         monkeypatch.setenv("HF_ENDPOINT", b.proxy.url)
         monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
@@ -352,7 +353,8 @@ def test_a_token_that_may_not_write_is_refused_before_any_upload(make_config, hu
         for token, why in ((read, "a read token"), (other, "a fine-grained token without repo.write")):
             monkeypatch.setenv("HF_TOKEN", token)
             for fn in (lambda: publish(c), lambda: baton.train(c, progress=False),
-                       lambda: baton.train(baton.load_config(cfg, [f"store.url=hf://{b.repo}"]), progress=False)):
+                       lambda: baton.train(baton.load_config(cfg, [f"store.url=hf://{b.repo}"]), progress=False),
+                       lambda: baton.publish_data(baton.load_config(cfg, [f"data.url=hf://datasets/{b.repo}"]))):
                 with pytest.raises(StoreError) as e:
                     fn()
                 assert str(e.value) == (f"the token may not write to {b.repo} ({why}"
