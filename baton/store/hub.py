@@ -173,14 +173,11 @@ class HubStore:
         self._bound_timeout()
         try:
             info = self.api.whoami(token=self._token)
-        except HfHubHTTPError as e:
-            if e.response is not None and e.response.status_code == 401:
-                raise StoreError("the Hub rejected the token (HTTP 401): check HF_TOKEN or `hf auth login`") from None
-            return
-        except Exception:  # noqa: BLE001 - undeterminable (network, an old server): the upload itself will tell
-            return
-        access = ((info or {}).get("auth") or {}).get("accessToken") or {}
-        denied = _denied(access, self.repo_id, self.repo_type)
+        except Exception:  # noqa: BLE001 - no verdict (a token rejected outright, network, an old server): the
+            return  # store's own first request reports it, with what it was doing
+        auth = info.get("auth") if isinstance(info, dict) else None
+        access = auth.get("accessToken") if isinstance(auth, dict) else None
+        denied = _denied(access, self.repo_id, self.repo_type) if isinstance(access, dict) else ""
         if denied:
             raise StoreError(f"the token may not write to {self.repo_id} ({denied}): use a token with write access "
                              "to it (HF_TOKEN or `hf auth login`)")
