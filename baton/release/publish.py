@@ -114,7 +114,8 @@ def publish_folder(cfg: Config, target: Target, folder: Path, state: dict[str, A
         from ..store import delete_keys
 
         delete_keys(store, [card_key])
-    files, _ = push_folder(store, folder, target.prefix, cfg.store.verify)
+    files, _ = push_folder(store, folder, target.prefix, cfg.store.verify,
+                           what=f"model of step {state['step']} at {target.describe()}")
     faults.point("publish.card", state["step"])
     ckpt_store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
     card = build_card(repo=target.repo, run=cfg.run.name, step=state["step"], horizon=saved.total_steps,
