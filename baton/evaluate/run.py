@@ -131,10 +131,11 @@ def run_eval(cfg: Config, step: int | None = None, files: list[str] | None = Non
     from ..data.manifest import load_manifest
     from ..data.prepare import TOKENIZER_FILE
     from ..model.export import checkpoint_model, export_model
-    from ..store import RetryPolicy, open_store
+    from ..store import RetryPolicy, check_write_access, open_store
 
     plan = Plan(cfg, files, tasks)
     store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
+    check_write_access(store)  # the record is written last: a token that may only read is said before the work
     with tempfile.TemporaryDirectory(prefix="baton-eval-") as tmp:
         model, state = checkpoint_model(cfg, "store", Path(tmp), step)
         export_dir = None

@@ -6,8 +6,16 @@ from ..errors import ConfigError
 from .base import ObjectInfo, RangeRead, Store, delete_keys, delete_prefix, put_files, safe_key
 from .retry import RetryPolicy
 
-__all__ = ["ObjectInfo", "RangeRead", "RetryPolicy", "Store", "delete_keys", "delete_prefix", "open_store",
-           "put_files", "safe_key"]
+__all__ = ["ObjectInfo", "RangeRead", "RetryPolicy", "Store", "check_write_access", "delete_keys", "delete_prefix",
+           "open_store", "put_files", "safe_key"]
+
+
+def check_write_access(store: Store) -> None:
+    """Before work that ends in a write: a store that can tell a credential may only read (the Hub's whoami)
+    says so now. Other stores tell nothing cheaply; their first write reports it."""
+    check = getattr(store, "check_write_access", None)
+    if check is not None:
+        check()
 
 
 def open_store(url: str, retry: RetryPolicy | None = None) -> Store:

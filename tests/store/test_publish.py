@@ -327,8 +327,8 @@ def test_lm_eval_on_a_local_task_improves_with_training(published, tmp_path, mon
 
 def test_a_token_that_may_not_write_is_refused_before_any_upload(make_config, hub_server, monkeypatch):
     """whoami names the token's rights: a read token, or a fine-grained one without repo.write on the target, is
-    one line before anything is pulled or uploaded, for `baton publish` and for `baton train` on a Hub store or
-    with a Hub publish target. A token with the right is let through; a server that cannot say is not a refusal
+    one line before anything is pulled or uploaded, for `baton publish`, `baton publish-data`, `baton eval` (it
+    writes its record) and `baton train` on a Hub store or with a Hub publish target. A token with the right is let through; a server that cannot say is not a refusal
     (its 403 at the first upload is, as before)."""
     import baton
     from baton.errors import BatonError, StoreError
@@ -354,7 +354,8 @@ def test_a_token_that_may_not_write_is_refused_before_any_upload(make_config, hu
             monkeypatch.setenv("HF_TOKEN", token)
             for fn in (lambda: publish(c), lambda: baton.train(c, progress=False),
                        lambda: baton.train(baton.load_config(cfg, [f"store.url=hf://{b.repo}"]), progress=False),
-                       lambda: baton.publish_data(baton.load_config(cfg, [f"data.url=hf://datasets/{b.repo}"]))):
+                       lambda: baton.publish_data(baton.load_config(cfg, [f"data.url=hf://datasets/{b.repo}"])),
+                       lambda: baton.eval(baton.load_config(cfg, [f"store.url=hf://{b.repo}"]))):
                 with pytest.raises(StoreError) as e:
                     fn()
                 assert str(e.value) == (f"the token may not write to {b.repo} ({why}"
