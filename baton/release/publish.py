@@ -65,7 +65,7 @@ def open_target(cfg: Config, revision: str | None = None) -> Target:
                         f"creation of branch {branch}")
             store.revision = branch
         return target
-    target = Target(open_store(url, retry), revision or "", url)
+    target = Target(open_store(url, retry, key="publish.url"), revision or "", url)
     _probe(target)
     return target
 

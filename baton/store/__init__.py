@@ -18,8 +18,9 @@ def check_write_access(store: Store) -> None:
         check()
 
 
-def open_store(url: str, retry: RetryPolicy | None = None) -> Store:
-    """The backend the URL names; remote ones are imported here, only when used."""
+def open_store(url: str, retry: RetryPolicy | None = None, key: str = "store.url") -> Store:
+    """The backend the URL names; remote ones are imported here, only when used. ``key``: the config key the
+    URL came from, named in errors about it."""
     if url.startswith("s3://"):
         try:
             from .s3 import S3Store
@@ -31,9 +32,9 @@ def open_store(url: str, retry: RetryPolicy | None = None) -> Store:
             from .hub import HubStore
         except ImportError as e:
             raise ConfigError(f"store {url} needs huggingface_hub ({e}); pip install huggingface_hub") from None
-        return HubStore.from_url(url, retry)
+        return HubStore.from_url(url, retry, key=key)
     if "://" in url and not url.startswith("file://"):
-        raise ConfigError(f"store.url {url.split('://')[0]}:// is not supported (use a path, file://, s3:// or hf://)")
+        raise ConfigError(f"{key} {url.split('://')[0]}:// is not supported (use a path, file://, s3:// or hf://)")
     from .local import LocalStore
 
     return LocalStore(url.removeprefix("file://"), retry)

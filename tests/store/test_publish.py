@@ -371,6 +371,8 @@ def test_a_token_that_may_not_write_is_refused_before_any_upload(make_config, hu
         assert (b.repo, "dev") in hub_server.branches
         with pytest.raises(BatonError, match="^publish.url 'hf://baton-test' must name a repository"):
             publish(baton.load_config(cfg, ["publish.url=hf://baton-test"]))
+        with pytest.raises(BatonError, match="^data.url 'hf://baton-test' must name a repository"):
+            baton.publish_data(baton.load_config(cfg, ["data.url=hf://baton-test"]))
         hub_server.serve_whoami = False  # no verdict: the upload's own 403 is the answer, still one line
         monkeypatch.setenv("HF_TOKEN", read)
         open_target(c)
