@@ -97,6 +97,17 @@ def publish_data(cfg: Config) -> str:
     return line
 
 
+def _check_hub_writes(cfg: Config) -> None:
+    """A token that may only read a Hub store or publish target is refused now, not at the first checkpoint
+    push or at the horizon's publish hours later (one whoami request each; no verdict, no refusal)."""
+    from .store import RetryPolicy
+    from .store.hub import HubStore
+
+    for key, url in (("store.url", cfg.store.url), ("publish.url", cfg.publish.url)):
+        if url.startswith("hf://"):
+            HubStore.from_url(url, RetryPolicy.from_config(cfg.store), key=key).check_write_access()
+
+
 def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = None,
           session_hours: float | str | None = None, deadline: str | None = None, nproc: int = 1,
           allow_change: Iterable[str] = (), progress: bool = True, launch: LaunchSpec | None = None,
@@ -130,6 +141,8 @@ def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = N
         from .evaluate.run import Plan
 
         Plan(cfg)  # the horizon's publish evaluates these: a missing file or unknown task is said now, not then
+    if rank == 0:
+        _check_hub_writes(cfg)
     from .session.drift import validate_allowed
 
     allowed = tuple(sorted(validate_allowed(list(allow_change))))
@@ -246,3 +259,26 @@ def export(cfg: Config, out: str | Path, source: str = "store", step: int | None
     path = export_run(cfg, source, output_dir(out, "--out", cfg, force), step)
     print(f"exported to {path}")
     return path
+
+
+def eval(cfg: Config, step: int | None = None, *, files: Iterable[str] | None = None,  # noqa: A001 - `baton eval`
+         tasks: Iterable[str] | None = None) -> dict[str, Any]:
+    """`baton eval`: score the verified checkpoint at ``step`` (None: the pointer's) on the run's held-out
+    windows, ``files`` and lm-eval ``tasks`` (None: the config's eval.files / eval.tasks); the record is written
+    to ``<run>/eval/<step>.json`` in the store and returned."""
+    from .evaluate.run import run_eval
+
+    _console()
+    record, _ = run_eval(cfg, step, None if files is None else [str(f) for f in files],
+                         None if tasks is None else list(tasks))
+    return record
+
+
+def publish(cfg: Config, step: int | None = None, *, revision: str | None = None) -> dict[str, Any]:
+    """`baton publish`: the verified checkpoint at ``step`` (None: the pointer's) with its model card at
+    ``publish.url``, at ``revision`` (a branch of a Hub repository, a folder elsewhere) when given; returns
+    the target, the step, the verified files and the card's key."""
+    from .release.publish import publish as publish_step
+
+    _console()
+    return publish_step(cfg, step, revision)

@@ -501,6 +501,9 @@ def _semantic_problems(cfg: Config) -> list[str]:
             p.append(f"train.{k} must be >= 0, got {getattr(t, k)}")
     if t.eval_every is not None and t.eval_every < 0:
         p.append(f"train.eval_every must be >= 0 (0 = only at the end), got {t.eval_every}")
+    elif t.eval_every and cfg.data.val_windows == 0:  # else it would validate nothing, silently
+        p.append(f"train.eval_every={t.eval_every} needs held-out windows: set data.val_windows > 0, or "
+                 "train.eval_every = 0")
     p.extend(_log_problems(cfg.log))
     if t.parallel not in PARALLEL:
         p.append(f"train.parallel={t.parallel!r} is not one of {', '.join(PARALLEL)}")

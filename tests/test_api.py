@@ -40,6 +40,11 @@ def test_the_api_trains_the_same_weights_as_the_cli(make_config, baton_cli, tmp_
     assert (out / "model.safetensors").exists() and (out / "config.json").exists()
     p = baton.plan(cfg, rate=1000, session_hours="1h")
     assert p["sources"]["start_step"] == "the store's pointer" and "sessions" in p["text"]
+    record = baton.eval(cfg)
+    assert record["step"] == 8 and abs(record["heldout"]["loss"] - summary["val_loss"]) < 1e-4
+    published = baton.publish(baton.load_config(cfg_path, {"run.name": "api", "train.steps": 8,
+                                                           "publish.url": str(tmp_path / "pub")}))
+    assert published["step"] == 8 and (tmp_path / "pub" / "README.md").is_file()
 
 
 def test_api_errors_are_the_clis_one_line_messages(make_config, baton_cli):
@@ -76,7 +81,7 @@ def test_the_api_names_stay_functions_after_every_submodule_is_imported():
     for name in modules:
         if not name.endswith("__main__"):
             importlib.import_module(name)
-    for name in ("load_config", "prepare", "publish_data", "train", "status", "plan", "export"):
+    for name in ("load_config", "prepare", "publish_data", "train", "status", "plan", "export", "eval", "publish"):
         assert getattr(baton, name) is getattr(api, name)
 
 

@@ -171,8 +171,10 @@ def write_pointer(store: Store, run: str, pointer: dict[str, Any]) -> None:
         raise VerificationError(f"pointer {key} read back from {store.describe()} differs from what was written")
 
 
-def push_folder(store: Store, local: Path, prefix: str, mode: str) -> tuple[dict[str, dict[str, Any]], dict[str, float]]:
-    """Upload every file of ``local`` under ``prefix`` and verify it; returns the files and timings."""
+def push_folder(store: Store, local: Path, prefix: str, mode: str,
+                what: str = "") -> tuple[dict[str, dict[str, Any]], dict[str, float]]:
+    """Upload every file of ``local`` under ``prefix`` and verify it; returns the files and timings. ``what``
+    names the files in messages (default: the checkpoint at ``prefix``)."""
     t0 = time.perf_counter()
     if getattr(store, "hashes_on_write", False):
         # The store hashes each file as it copies it: one read per file instead of two. What it listed
@@ -189,7 +191,7 @@ def push_folder(store: Store, local: Path, prefix: str, mode: str) -> tuple[dict
         put_files(store, [(local / name, store_key(prefix, name), info["sha256"]) for name, info in files.items()])
     t2 = time.perf_counter()
     faults.point("verify")
-    verify_remote(store, prefix, files, local, mode)
+    verify_remote(store, prefix, files, local, mode, what=what)
     t3 = time.perf_counter()
     return files, {"hash": t1 - t0, "upload": t2 - t1, "verify": t3 - t2}
 

@@ -26,7 +26,7 @@ from ..checkpoint.cycle import verify_remote
 from ..config import Config
 from ..errors import DataError, VerificationError
 from ..hashing import sha256_file
-from ..store import Store, put_files
+from ..store import Store, check_write_access, put_files
 from .manifest import MANIFEST, load_manifest, manifest_problems, parse_manifest
 from .remote import data_store, dataset_files, same_folder
 
@@ -64,6 +64,7 @@ def publish(cfg: Config) -> PublishReport:
     if problems:
         raise DataError(f"{folder / MANIFEST} does not agree with itself ({problems[0]}); rerun `baton prepare`")
     store = data_store(cfg)
+    check_write_access(store)  # a Hub token that may only read: said before any upload
     if same_folder(store, folder):
         raise DataError(f"data.url is data.dir itself ({folder}): nothing to publish (point data.url at another "
                         "folder or a remote store)")

@@ -22,7 +22,7 @@ def data_store(cfg: Config) -> Store:
     if not cfg.data.url:
         raise ConfigError("data.url is not set: name where the prepared dataset lives (a folder, file://, "
                           "s3://bucket/prefix or hf://datasets/owner/name)")
-    return open_store(cfg.data.url, RetryPolicy.from_config(cfg.store))
+    return open_store(cfg.data.url, RetryPolicy.from_config(cfg.store), key="data.url")
 
 
 def dataset_files(m: dict[str, Any]) -> dict[str, dict[str, Any]]:

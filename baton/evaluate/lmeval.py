@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import BatonError
@@ -40,10 +42,32 @@ def run_tasks(folder: Path, names: list[str], tm, device: str, limit: int = 0) -
     from lm_eval.models.huggingface import HFLM
 
     lm = HFLM(pretrained=str(folder), device=device, batch_size=1)
-    res = lm_eval.simple_evaluate(model=lm, tasks=names, task_manager=tm, limit=limit or None, log_samples=False)
+    with _no_git_probe():
+        res = lm_eval.simple_evaluate(model=lm, tasks=names, task_manager=tm, limit=limit or None, log_samples=False)
     out: dict[str, dict[str, float]] = {}
     for task, metrics in (res or {}).get("results", {}).items():
         out[task] = {k.split(",")[0]: float(v) for k, v in metrics.items()
                      if "_stderr" not in k and isinstance(v, (int, float)) and not isinstance(v, bool)
                      and k != "sample_len" and math.isfinite(float(v))}
     return out
+
+
+@contextmanager
+def _no_git_probe() -> Iterator[None]:
+    """Skip the harness's `git describe` of the working folder while it evaluates.
+
+    It records the git commit of whatever folder baton runs in (not of the model or the tasks; the record
+    here drops it), and outside a git checkout git prints "fatal: not a git repository" straight onto the
+    user's terminal. Everything else the harness reports still reaches the terminal.
+    """
+    import lm_eval.evaluator as evaluator
+
+    probe = getattr(evaluator, "get_git_commit_hash", None)
+    if probe is None:  # a harness version without the probe
+        yield
+        return
+    evaluator.get_git_commit_hash = lambda: None
+    try:
+        yield
+    finally:
+        evaluator.get_git_commit_hash = probe

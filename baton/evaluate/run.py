@@ -18,6 +18,7 @@ import torch
 from .. import __version__
 from ..config import Config, config_from_dict
 from ..errors import BatonError
+from ..hashing import sha256_file
 from ..runtime.device import pick_device
 from ..store import Store
 from .heldout import Scorer, file_rows, token_bytes
@@ -29,7 +30,9 @@ def eval_key(run: str, step: int) -> str:
     return f"{run}/eval/{step}.json"
 
 
-def read_record(store: Store, run: str, step: int) -> dict[str, Any] | None:
+def read_record(store: Store, run: str, step: int, plan: Plan | None = None) -> dict[str, Any] | None:
+    """The evaluation record of ``step``; with ``plan``, only one that evaluated what the plan names (a record of
+    other files, tasks or settings is stale for it)."""
     text = store.read_text(eval_key(run, step))
     if text is None:
         return None
@@ -37,7 +40,9 @@ def read_record(store: Store, run: str, step: int) -> dict[str, Any] | None:
         rec = json.loads(text)
     except json.JSONDecodeError:
         return None
-    return rec if isinstance(rec, dict) and rec.get("format") == FORMAT and rec.get("step") == step else None
+    if not (isinstance(rec, dict) and rec.get("format") == FORMAT and rec.get("step") == step):
+        return None
+    return rec if plan is None or rec.get("evaluated") == plan.spec() else None
 
 
 def write_record(store: Store, run: str, record: dict[str, Any]) -> str:
@@ -58,11 +63,27 @@ class Plan:
         for f in self.files:
             if not f.is_file():
                 raise BatonError(f"eval file {f} not found (fix eval.files or --files)")
+        names = [f.name for f in self.files]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:  # the record and the card name each file's scores by its name
+            raise BatonError(f"eval files share the name(s) {', '.join(twice)}: give each eval file its own name")
+        self.field, self.task_dir, self.limit = cfg.eval.field, cfg.eval.task_dir, cfg.eval.limit
         self.tm = None
         if self.tasks:
             from .lmeval import task_manager
 
             self.tm = task_manager(self.tasks, cfg.eval.task_dir)
+
+    def spec(self) -> dict[str, Any]:
+        """What an evaluation by this plan scores, by content: a record is reused only for the same spec."""
+        tasks: dict[str, Any] = {}
+        if self.tasks:
+            yamls = sorted(Path(self.task_dir).rglob("*.y*ml")) if self.task_dir else []
+            tasks = {"names": self.tasks, "limit": self.limit, "task_dir": self.task_dir,
+                     "task_files": {str(p.relative_to(self.task_dir)): sha256_file(p) for p in yamls}}
+        return {"files": {f.name: sha256_file(f) for f in self.files},
+                "field": self.field if any(f.suffix in (".jsonl", ".json") for f in self.files) else None,
+                "tasks": tasks}
 
 
 def evaluate_model(cfg: Config, plan: Plan, model: torch.nn.Module, state: dict[str, Any],
@@ -100,7 +121,7 @@ def evaluate_model(cfg: Config, plan: Plan, model: torch.nn.Module, state: dict[
         tasks = run_tasks(export_dir, plan.tasks, plan.tm, str(device), cfg.eval.limit)
     step = state["step"]
     return {"format": FORMAT, "run": cfg.run.name, "step": step, "tokens_seen": step * saved.tokens_per_step,
-            "heldout": heldout, "files": files, "tasks": tasks,
+            "heldout": heldout, "files": files, "tasks": tasks, "evaluated": plan.spec(),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "baton_version": __version__}
 
 
@@ -110,10 +131,11 @@ def run_eval(cfg: Config, step: int | None = None, files: list[str] | None = Non
     from ..data.manifest import load_manifest
     from ..data.prepare import TOKENIZER_FILE
     from ..model.export import checkpoint_model, export_model
-    from ..store import RetryPolicy, open_store
+    from ..store import RetryPolicy, check_write_access, open_store
 
     plan = Plan(cfg, files, tasks)
     store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
+    check_write_access(store)  # the record is written last: a token that may only read is said before the work
     with tempfile.TemporaryDirectory(prefix="baton-eval-") as tmp:
         model, state = checkpoint_model(cfg, "store", Path(tmp), step)
         export_dir = None

@@ -62,7 +62,23 @@ def _results(model_name: str, ev: dict[str, Any]) -> list[EvalResult]:
     return out
 
 
-def build_card(*, repo: str, run: str, step: int, params: int, tokens_seen: int, config: dict[str, Any],
+def limitations(*, step: int, horizon: int, params: int, tokens_seen: int, seq_len: int, tasks: bool) -> str:
+    """What the model is not, said from the run's own numbers."""
+    out = [f"- A base model of {params:,} parameters pretrained from scratch on {tokens_seen:,} tokens: it continues "
+           "text. It is not instruction-tuned or aligned, has no chat template, and was not evaluated for safety, "
+           "bias or factual accuracy; its output can be wrong, repetitive or offensive, and mirrors its training "
+           "data (the sources above)."]
+    if step < horizon:
+        out.append(f"- An intermediate checkpoint: step {step:,} of the run's {horizon:,}-step horizon, before the "
+                   "end of its learning-rate schedule.")
+    out.append(f"- Trained on windows of {seq_len:,} tokens: longer inputs are beyond anything it was trained on.")
+    out.append("- The held-out windows come from the same corpus as the training data, so their loss measures fit "
+               "to that distribution, not quality on other text" + ("." if tasks else
+                                                                    " or on downstream tasks (none were run)."))
+    return "\n".join(out)
+
+
+def build_card(*, repo: str, run: str, step: int, horizon: int, params: int, tokens_seen: int, config: dict[str, Any],
                manifest: dict[str, Any], ledger: dict[str, Any], evaluation: dict[str, Any], license: str,
                tags: list[str], curve: str | None) -> ModelCard:
     model_cfg = config["model"]
@@ -79,6 +95,9 @@ def build_card(*, repo: str, run: str, step: int, params: int, tokens_seen: int,
     tasks = "\n".join(f"| {t} | {m} | {v:.4f} |" for t, ms in (evaluation.get("tasks") or {}).items()
                       for m, v in ms.items())
     hours = ledger.get("billed_hours")
+    devices = ledger.get("devices") or []
+    # A run on CPUs only has billed CPU hours; calling them GPU-hours would misstate the cost.
+    unit = "CPU hours" if devices and all(d.endswith(" cpu") for d in devices) else "GPU-hours"
     body = f"""
 # {repo.split('/')[-1]}
 
@@ -103,8 +122,8 @@ vocabulary {model_cfg['vocab_size']:,}{', tied embeddings' if model_cfg.get('tie
 
 ## Compute
 
-- hardware: {', '.join(ledger.get('devices') or []) or 'unknown'}
-- GPU-hours (billed hours x accelerators, from the run's ledger): {f'{hours:.4f}' if hours is not None else 'unknown'} over {ledger.get('sessions', 0)} session(s)
+- hardware: {', '.join(devices) or 'unknown'}
+- {unit} billed to the run so far (wall clock x accelerators, from its ledger; the whole run, not only up to this step): {f'{hours:.4f}' if hours is not None else 'unknown'} over {ledger.get('sessions', 0)} session(s)
 
 {f'![training loss]({curve})' if curve else ''}
 
@@ -120,6 +139,11 @@ lm-evaluation-harness:
 |---|---|---|
 {tasks}
 ''' if tasks else ''}
+## Limitations
+
+{limitations(step=step, horizon=horizon, params=params, tokens_seen=tokens_seen, seq_len=config['data']['seq_len'],
+             tasks=bool(evaluation.get('tasks')))}
+
 ## How to use
 
 ```python

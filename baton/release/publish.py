@@ -5,7 +5,7 @@ config, tokenizer, loss curve) are pushed and verified first; the model card ``R
 and read back. A card left by an earlier publish is removed before any file changes, so the target never
 shows a card that names files not yet verified: a publish cut short leaves verified files and no card,
 and running it again finishes it. The checkpoint store is only read, except for the evaluation record
-``<run>/eval/<step>.json`` (written when none exists yet).
+``<run>/eval/<step>.json`` (written when none exists yet for what the config's [eval] names).
 
 Intermediate checkpoints go to revisions ``step-N``: branches of a Hub repository, folders ``step-N/``
 elsewhere.
@@ -51,16 +51,21 @@ def open_target(cfg: Config, revision: str | None = None) -> Target:
     if url.startswith("hf://"):
         from ..store.hub import HubStore
 
-        store = HubStore.from_url(url, retry)
+        store = HubStore.from_url(url, retry, key="publish.url")
         target = Target(store, "", store.repo_id)
         _probe(target)
-        if revision and revision != store.revision:
-            store._call(lambda: store.api.create_branch(store.repo_id, branch=revision, revision=store.revision,
+        store.check_write_access()  # a read-only token is said here, not at the first upload
+        # The branch to publish to (--revision, else the URL's ?revision=) is made if missing: from the URL's
+        # revision, or from main for the URL's own.
+        branch, start = (revision, store.revision) if revision and revision != store.revision else \
+            (store.revision, "main")
+        if branch != "main":
+            store._call(lambda: store.api.create_branch(store.repo_id, branch=branch, revision=start,
                                                         repo_type=store.repo_type, exist_ok=True),
-                        f"creation of branch {revision}")
-            store.revision = revision
+                        f"creation of branch {branch}")
+            store.revision = branch
         return target
-    target = Target(open_store(url, retry), revision or "", url)
+    target = Target(open_store(url, retry, key="publish.url"), revision or "", url)
     _probe(target)
     return target
 
@@ -109,10 +114,12 @@ def publish_folder(cfg: Config, target: Target, folder: Path, state: dict[str, A
         from ..store import delete_keys
 
         delete_keys(store, [card_key])
-    files, _ = push_folder(store, folder, target.prefix, cfg.store.verify)
+    files, _ = push_folder(store, folder, target.prefix, cfg.store.verify,
+                           what=f"model of step {state['step']} at {target.describe()}")
     faults.point("publish.card", state["step"])
     ckpt_store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
-    card = build_card(repo=target.repo, run=cfg.run.name, step=state["step"], params=param_count(saved.model),
+    card = build_card(repo=target.repo, run=cfg.run.name, step=state["step"], horizon=saved.total_steps,
+                      params=param_count(saved.model),
                       tokens_seen=state["step"] * saved.tokens_per_step, config=state["config"],
                       manifest=load_manifest(cfg.data.dir), ledger=_ledger_summary(ckpt_store, cfg.run.name),
                       evaluation=evaluation, license=cfg.publish.license, tags=cfg.publish.tags,
@@ -138,14 +145,13 @@ def publish(cfg: Config, step: int | None = None, revision: str | None = None) -
     target = open_target(cfg, revision)
     ckpt_store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
     wanted = locate(ckpt_store, cfg.run.name, step)["step"]  # a step not in the store fails here, before uploads
-    evaluation = read_record(ckpt_store, cfg.run.name, wanted)
-    plan = Plan(cfg) if evaluation is None else None
+    plan = Plan(cfg)
+    evaluation = read_record(ckpt_store, cfg.run.name, wanted, plan)  # reused only if it scored what cfg names
     with tempfile.TemporaryDirectory(prefix="baton-publish-") as tmp:
         model, state = checkpoint_model(cfg, "store", Path(tmp), wanted)
         folder = export_model(model, Path(cfg.data.dir) / TOKENIZER_FILE, Path(tmp) / "model",
                               load_manifest(cfg.data.dir)["tokenizer"]["eos_token"])
         if evaluation is None:
-            assert plan is not None  # built above, before any download, for the missing record
             evaluation = evaluate_model(cfg, plan, model, state, folder)
             write_record(ckpt_store, cfg.run.name, evaluation)
         metrics = Path(tmp) / "ckpt" / METRICS_FILE
@@ -165,7 +171,7 @@ def publish_trained(cfg: Config, model, step: int, folder: Path, metrics: Path |
     state = {"step": step, "config": cfg.to_dict()}
     with tempfile.TemporaryDirectory(prefix="baton-publish-") as tmp:
         staged = Path(shutil.copytree(folder, Path(tmp) / "model"))
-        evaluation = read_record(ckpt_store, cfg.run.name, step)
+        evaluation = read_record(ckpt_store, cfg.run.name, step, plan)
         if evaluation is None:
             evaluation = evaluate_model(cfg, plan, model, state, staged)
             write_record(ckpt_store, cfg.run.name, evaluation)

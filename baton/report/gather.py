@@ -18,7 +18,7 @@ from ..views.status import status
 
 def gather(cfg: Config) -> dict[str, Any]:
     store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
-    run, tps = cfg.run.name, cfg.tokens_per_step
+    run = cfg.run.name
     pointer = read_pointer(store, run)
     rows: list[dict[str, Any]] = []
     if pointer is not None:
@@ -31,6 +31,7 @@ def gather(cfg: Config) -> dict[str, Any]:
     # Sessions started in the same second (one process running several) are told apart by their first step.
     records.sort(key=lambda r: (r["started_ts"], r.get("steps_from") or 0))
     st = status(cfg)
+    tps = st["tokens_per_step"]
     sessions = []
     for i, rec in enumerate(records, 1):
         lo, hi = rec.get("steps_from"), rec.get("steps_to")
@@ -44,7 +45,7 @@ def gather(cfg: Config) -> dict[str, Any]:
     if pointer is not None and isinstance(pointer.get("val_loss"), float) and pointer.get("complete"):
         val.append({"step": pointer["step"], "val_loss": pointer["val_loss"], "val_ppl": pointer.get("val_ppl")})
     return {
-        "run": run, "store": store.describe(), "tokens_per_step": tps, "total_steps": cfg.total_steps,
+        "run": run, "store": store.describe(), "tokens_per_step": tps, "total_steps": st["total_steps"],
         "pointer_step": pointer["step"] if pointer else None, "complete": bool(pointer and pointer.get("complete")),
         "rows": rows, "val": val, "sessions": sessions,
         # Where each session stopped (a killed one: its last heartbeat) and where each resumed.

@@ -6,12 +6,21 @@ from ..errors import ConfigError
 from .base import ObjectInfo, RangeRead, Store, delete_keys, delete_prefix, put_files, safe_key
 from .retry import RetryPolicy
 
-__all__ = ["ObjectInfo", "RangeRead", "RetryPolicy", "Store", "delete_keys", "delete_prefix", "open_store",
-           "put_files", "safe_key"]
+__all__ = ["ObjectInfo", "RangeRead", "RetryPolicy", "Store", "check_write_access", "delete_keys", "delete_prefix",
+           "open_store", "put_files", "safe_key"]
 
 
-def open_store(url: str, retry: RetryPolicy | None = None) -> Store:
-    """The backend the URL names; remote ones are imported here, only when used."""
+def check_write_access(store: Store) -> None:
+    """Before work that ends in a write: a store that can tell a credential may only read (the Hub's whoami)
+    says so now. Other stores tell nothing cheaply; their first write reports it."""
+    check = getattr(store, "check_write_access", None)
+    if check is not None:
+        check()
+
+
+def open_store(url: str, retry: RetryPolicy | None = None, key: str = "store.url") -> Store:
+    """The backend the URL names; remote ones are imported here, only when used. ``key``: the config key the
+    URL came from, named in errors about it."""
     if url.startswith("s3://"):
         try:
             from .s3 import S3Store
@@ -23,9 +32,9 @@ def open_store(url: str, retry: RetryPolicy | None = None) -> Store:
             from .hub import HubStore
         except ImportError as e:
             raise ConfigError(f"store {url} needs huggingface_hub ({e}); pip install huggingface_hub") from None
-        return HubStore.from_url(url, retry)
+        return HubStore.from_url(url, retry, key=key)
     if "://" in url and not url.startswith("file://"):
-        raise ConfigError(f"store.url {url.split('://')[0]}:// is not supported (use a path, file://, s3:// or hf://)")
+        raise ConfigError(f"{key} {url.split('://')[0]}:// is not supported (use a path, file://, s3:// or hf://)")
     from .local import LocalStore
 
     return LocalStore(url.removeprefix("file://"), retry)

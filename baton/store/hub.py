@@ -36,6 +36,29 @@ def _git_oid(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
+def _denied(access: dict, repo_id: str, repo_type: str) -> str:
+    """Why the Hub's description of an access token (whoami's ``auth.accessToken``) rules out writing to the
+    repository, or "" when it does not or cannot be told from it."""
+    role = access.get("role")
+    if role == "read":
+        return "a read token"
+    if role != "fineGrained":
+        return ""
+    scoped = (access.get("fineGrained") or {}).get("scoped")
+    if not isinstance(scoped, builtins.list):
+        return ""
+    owner = repo_id.split("/")[0]
+    # A fine-grained token's permissions name a user or organization (all its repositories) or one repository.
+    for grant in scoped:
+        if not isinstance(grant, dict) or not isinstance(grant.get("entity"), dict):
+            return ""  # a shape not known here: no verdict
+        entity = grant["entity"]
+        if (entity.get("type"), entity.get("name")) in (("user", owner), ("org", owner), (repo_type, repo_id)) \
+                and "repo.write" in (grant.get("permissions") or []):
+            return ""
+    return f"a fine-grained token without repo.write on {owner} or {repo_id}"
+
+
 class HubStore:
     def __init__(self, repo_id: str, repo_type: str = "model", revision: str = "main", endpoint: str | None = None,
                  token: str | None = None, retry: RetryPolicy | None = None):
@@ -53,10 +76,11 @@ class HubStore:
 
     @classmethod
     def from_url(cls, url: str, retry: RetryPolicy | None = None, endpoint: str | None = None,
-                 token: str | None = None) -> HubStore:
+                 token: str | None = None, key: str = "store.url") -> HubStore:
+        """``key``: the config key the URL came from, named in the errors."""
         parts = urlsplit(url)
         if parts.username or parts.password or "@" in parts.netloc:
-            raise ConfigError("store.url must not carry a token; set HF_TOKEN or run `hf auth login`")
+            raise ConfigError(f"{key} must not carry a token; set HF_TOKEN or run `hf auth login`")
         repo_id = (parts.netloc + parts.path).strip("/")
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         # hf://datasets/owner/name names a dataset repository, as huggingface_hub's own hf:// paths do.
@@ -64,16 +88,16 @@ class HubStore:
         if typed:
             repo_id = repo_id.removeprefix("datasets/")
         if repo_id.count("/") != 1 or not all(repo_id.split("/")):
-            raise ConfigError(f"store.url {url!r} must name a repository as hf://owner/repo or "
+            raise ConfigError(f"{key} {url!r} must name a repository as hf://owner/repo or "
                               "hf://datasets/owner/name")
         unknown = sorted(set(query) - {"revision", "type"})
         if unknown:
-            raise ConfigError(f"store.url has unknown option(s) {', '.join(unknown)} (known: revision, type)")
+            raise ConfigError(f"{key} has unknown option(s) {', '.join(unknown)} (known: revision, type)")
         if typed and query.get("type", "dataset") != "dataset":
-            raise ConfigError(f"store.url {url!r} names a dataset repository but says type={query['type']}")
+            raise ConfigError(f"{key} {url!r} names a dataset repository but says type={query['type']}")
         repo_type = query.get("type", "dataset" if typed else "model")
         if repo_type not in ("model", "dataset"):
-            raise ConfigError(f"store.url type={repo_type!r}: use model or dataset")
+            raise ConfigError(f"{key} type={repo_type!r}: use model or dataset")
         return cls(repo_id, repo_type, query.get("revision", "main"), endpoint or os.environ.get("HF_ENDPOINT"), token,
                    retry)
 
@@ -110,12 +134,15 @@ class HubStore:
             seen = seen.__cause__ or seen.__context__
         return e
 
-    def _call(self, fn, what: str):
+    def _bound_timeout(self) -> None:
         # The library's shared client waits forever by default, and create_commit and its uploads pass no
         # timeout of their own: bound it (again before every call, since the library may rebuild the client).
         client = get_session()
         if client.timeout != self.timeout:
             client.timeout = self.timeout
+
+    def _call(self, fn, what: str):
+        self._bound_timeout()
         return call(fn, what, self.describe(), self._classify, self.retry)
 
     def _url(self, key: str) -> str:
@@ -132,6 +159,28 @@ class HubStore:
         # Operations are rebuilt for each attempt: the client refuses to reuse a committed one.
         self._call(lambda: self.api.create_commit(self.repo_id, ops_factory(), commit_message=message,
                                                   repo_type=self.repo_type, revision=self.revision), what)
+
+    def check_write_access(self) -> None:
+        """Refuse, before any upload, a token the Hub says may not write to this repository.
+
+        The Hub's whoami names the token's role: ``read``, ``write``, or ``fineGrained`` with permissions per
+        user, organization or repository. Only a verdict the answer states outright is acted on: a server
+        without whoami, an answer of another shape, an organization's member roles or a network failure
+        leave the question to the first upload (a 403 there is reported the same way).
+        """
+        if not self._token:
+            return  # no token at all: the first request says so (401), as for a read
+        self._bound_timeout()
+        try:
+            info = self.api.whoami(token=self._token)
+        except Exception:  # noqa: BLE001 - no verdict (a token rejected outright, network, an old server): the
+            return  # store's own first request reports it, with what it was doing
+        auth = info.get("auth") if isinstance(info, dict) else None
+        access = auth.get("accessToken") if isinstance(auth, dict) else None
+        denied = _denied(access, self.repo_id, self.repo_type) if isinstance(access, dict) else ""
+        if denied:
+            raise StoreError(f"the token may not write to {self.repo_id} ({denied}): use a token with write access "
+                             "to it (HF_TOKEN or `hf auth login`)")
 
     # ------------------------------------------------------------------------------- protocol
     def put_file(self, local: Path, key: str, sha256: str) -> str:

@@ -31,6 +31,12 @@ from .base import Backend
 log = logging.getLogger(__name__)
 
 FORMAT = "baton-trackers-v1"
+START_HINTS = {
+    "tensorboard": "check that the run folder (run.local_dir) is writable",
+    "wandb": "check WANDB_API_KEY (or `wandb login`), log.project and log.entity, or set WANDB_MODE=offline",
+    "mlflow": "check log.mlflow_uri (or MLFLOW_TRACKING_URI: a reachable server, or a database; MLflow 3 wants "
+              "MLFLOW_ALLOW_FILE_STORE=true for file: folders) and the MLFLOW_TRACKING_* credentials",
+}
 STATE = "trackers.json"
 
 
@@ -79,7 +85,7 @@ class Trackers:
         self.state.update({k: v for k, v in saved.items() if k != "format"})
         rows = None
         for b in self.backends:
-            keep, held = b.start(resume_step, saved.get(b.name, {}) if not b.live else {})
+            keep, held = self._start(b, resume_step, saved.get(b.name, {}) if not b.live else {})
             self.sent[b.name] = held
             if held < resume_step:  # the verified history this backend lacks (a wiped machine, a lost flush)
                 rows = read_rows(self.history) if rows is None else rows
@@ -139,6 +145,19 @@ class Trackers:
         self._save()
 
     # -------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _start(b: Backend, resume_step: int, saved: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """A tracker that cannot start is one line naming it and what to check, before any step is trained."""
+        try:
+            return b.start(resume_step, saved)
+        except Exception as e:  # noqa: BLE001 - any library's failure, reported as the backend's
+            if b.name == "jsonl":  # the run's own history: its failure is the run's, not a tracker's
+                raise
+            said = " ".join(str(e).split())
+            said = said if len(said) <= 300 else said[:297] + "..."
+            raise BatonError(f"tracker {b.name} could not start ({type(e).__name__}: {said}); {START_HINTS[b.name]}, "
+                             f"or remove {b.name!r} from log.backends") from None
+
     def _active(self) -> list[Backend]:
         return [b for b in self.backends if b.name in self.sent]
 

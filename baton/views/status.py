@@ -27,10 +27,13 @@ def status(cfg: Config) -> dict[str, Any]:
     except BatonError as e:
         pointer, out["pointer_problem"] = None, str(e)
     step = pointer["step"] if pointer else 0
+    if pointer and pointer.get("complete"):
+        # A complete run's horizon is where it completed, whatever horizon the config given here names.
+        out["total_steps"] = step
     out.update({"pointer_step": pointer["step"] if pointer else None,
                 "pointer_path": pointer["path"] if pointer else None,
                 "complete": bool(pointer and pointer.get("complete")), "tokens_done": step * cfg.tokens_per_step,
-                "steps_left": max(0, cfg.total_steps - step)})
+                "steps_left": max(0, out["total_steps"] - step)})
     # Stream ranges the run skips after loss-spike rollbacks: part of its data position (baton.session.rollback).
     out["skipped"] = list((pointer.get("cursor") or {}).get("skipped") or []) if pointer else []
     from ..checkpoint.select import present_steps, verified_steps

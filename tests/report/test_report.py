@@ -7,7 +7,9 @@ import shutil
 
 import pytest
 
+import baton
 from baton.cli import main
+from baton.config import load_config
 from baton.data.reader import WindowDataset
 from baton.planning.ledger import billed_hours
 from baton.session.spikes import SpikeDetector
@@ -63,3 +65,6 @@ def test_report_of_a_three_session_run_marks_sessions_and_spikes(make_config, pr
         assert r["spike_windows"] == ds.train_window_ids((r["step"] - 1) * 8, 8).tolist()
         assert f"| {r['step']} | {r['loss']:.4f} |" in md
     assert [p["step"] for p in doc["spikes"]] == expected
+    assert "- progress: step 20 of 20 (" in md
+    # A config naming another horizon does not make the complete run "step 20 of 10".
+    assert baton.status(load_config(cfg, ["train.steps=10"]))["total_steps"] == 20

@@ -83,11 +83,15 @@ def test_horizon_publishes_a_loadable_model_whose_card_holds_the_run(published, 
         assert number in card.text
     manifest = json.loads((Path(summary["config"]["data"]["dir"]) / "manifest.json").read_text())
     assert manifest["fingerprint"] in card.text and "![training loss](loss_curve.png)" in card.text
+    assert "## Limitations" in card.text and "not instruction-tuned" in card.text  # said from the run's numbers
+    assert f"pretrained from scratch on {summary['tokens_consumed']:,} tokens" in card.text
+    assert "intermediate checkpoint" not in card.text and "- CPU hours billed to the run" in card.text
 
     # publish.every=10: step 10 is the branch step-10, with its own card
     branch = download(b, tmp_path / "rev", revision="step-10")
     card10 = ModelCard.load(branch / "README.md")
     assert "step 10" in card10.text and MODEL_FILES <= {p.name for p in branch.iterdir()}
+    assert "An intermediate checkpoint: step 10 of the run's 20-step horizon" in card10.text
     assert b.hub.read(b.repo, "model.safetensors", "step-10") != b.hub.read(b.repo, "model.safetensors")
 
 
@@ -127,6 +131,35 @@ def test_eval_of_any_verified_step_scores_as_the_run_did(published, tmp_path):
     card = ModelCard.load(folder / "README.md")
     assert results(card)[("baton-heldout", "loss")] == round(early["heldout"]["loss"], 6)
     assert AutoModelForCausalLM.from_pretrained(folder).config.num_hidden_layers == c.model.n_layers
+
+
+def test_a_publish_reevaluates_when_what_the_config_evaluates_changed(published, tmp_path):
+    """The step's evaluation record is reused only when it scored what [eval] names now: a file added, a file's
+    content changed or a file dropped is evaluated again, and the card shows the new numbers; the same config
+    twice reuses the record."""
+    from baton.config import load_config
+    from baton.evaluate.run import eval_key
+    from baton.release.publish import publish
+
+    _, cfg, base = published
+    text = tmp_path / "notes.txt"
+    text.write_text("def add(a, b):\n    return a + b\n" * 20)
+    record = base / "store" / eval_key("test", 10)
+
+    def card(files: list[str]) -> dict[tuple[str, str], float]:
+        out = tmp_path / f"pub-{len(list(tmp_path.glob('pub-*')))}"
+        publish(load_config(cfg, [f"publish.url={out}", f"eval.files={files}"]), 10)
+        return results(ModelCard.load(out / "README.md"))
+
+    with_file = card([str(text)])
+    assert ("text-file", "loss") in with_file
+    assert json.loads(record.read_text())["files"]["notes.txt"]["path"] == str(text)
+    text.write_text("import os\nprint(os.getcwd())\n" * 20)  # same name, other content
+    changed = card([str(text)])
+    assert changed[("text-file", "loss")] != with_file[("text-file", "loss")]
+    held = record.read_bytes()
+    assert card([str(text)]) == changed and record.read_bytes() == held  # nothing changed: reused as it is
+    assert ("text-file", "loss") not in card([]) and json.loads(record.read_text())["files"] == {}
 
 
 def store_digest(root: Path) -> str:
@@ -218,6 +251,10 @@ def test_bad_publish_input_is_one_line_before_any_upload(published, hub_server, 
         assert r.returncode == 2 and r.stderr.strip().splitlines() == [
             f"baton: error: eval file {tmp_path / 'missing.txt'} not found (fix eval.files or --files)"]
         c = load_config(cfg, [url])
+        same_name = [str(tmp_path / d / "x.txt") for d in "ab"]  # the record names a file's scores by its name
+        for f in same_name:
+            Path(f).parent.mkdir()
+            Path(f).write_text("x = 1\n")
         cases = [
             (lambda: publish(load_config(cfg, ["publish.url=hf://baton-test/no-such-repo"])), "was not found"),
             (lambda: load_config(cfg, ["publish.url=ftp://host/m"]), "publish.url ftp:// is not supported"),
@@ -225,6 +262,7 @@ def test_bad_publish_input_is_one_line_before_any_upload(published, hub_server, 
             (lambda: run_eval(c, 7, [], []), "step 7 is not a verified checkpoint"),
             (lambda: export_run(c, "store", tmp_path / "x", 7), "step 7 is not a verified checkpoint"),
             (lambda: run_eval(c, 20, [str(tmp_path / "missing.txt")], []), "eval file"),
+            (lambda: run_eval(c, 20, same_name, []), "eval files share the name(s) x.txt"),
         ]
         for fn, said in cases:
             with pytest.raises(BatonError) as e:
@@ -254,10 +292,11 @@ metric_list:
 """
 
 
-def test_lm_eval_on_a_local_task_improves_with_training(published, tmp_path, monkeypatch):
+def test_lm_eval_on_a_local_task_improves_with_training(published, tmp_path, monkeypatch, capfd):
     """lm-evaluation-harness, offline, on a local loglikelihood_rolling task over a JSONL file: bits per byte
     are lower at step 20 than at step 10; the same file as an eval file is scored by baton too; an unknown
-    task is refused before anything is pulled."""
+    task is refused before anything is pulled. Run outside a git checkout, the harness's git probe prints
+    nothing to the terminal."""
     import textwrap
 
     from baton.config import load_config
@@ -267,6 +306,7 @@ def test_lm_eval_on_a_local_task_improves_with_training(published, tmp_path, mon
     _, cfg, base = published
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
     text = Path(textwrap.__file__).read_text()
     data = tmp_path / "local.jsonl"
     data.write_text("".join(json.dumps({"text": text[i : i + 600]}) + "\n" for i in range(0, 3000, 600)))
@@ -276,9 +316,68 @@ def test_lm_eval_on_a_local_task_improves_with_training(published, tmp_path, mon
     c = load_config(cfg, [f"eval.task_dir={tasks}"])
     early, _ = run_eval(c, 10, [str(data)], ["local_text"])
     late, _ = run_eval(c, 20, [str(data)], ["local_text"])
+    assert "not a git repository" not in capfd.readouterr().err
     # An unknown name makes the harness index all its own tasks first (seconds): asked once, last.
     with pytest.raises(BatonError, match="lm-eval task.*no_such_task not found"):
         run_eval(c, 10, [], ["local_text", "no_such_task"])
     assert early["tasks"]["local_text"]["bits_per_byte"] > late["tasks"]["local_text"]["bits_per_byte"] > 0
     assert early["files"]["local.jsonl"]["bits_per_byte"] > late["files"]["local.jsonl"]["bits_per_byte"]
     assert json.loads((base / "store" / "test" / "eval" / "20.json").read_text())["tasks"] == late["tasks"]
+
+
+def test_a_token_that_may_not_write_is_refused_before_any_upload(make_config, hub_server, monkeypatch):
+    """whoami names the token's rights: a read token, or a fine-grained one without repo.write on the target, is
+    one line before anything is pulled or uploaded, for `baton publish`, `baton publish-data`, `baton eval` (it
+    writes its record) and `baton train` on a Hub store or with a Hub publish target. A token with the right is let through; a server that cannot say is not a refusal
+    (its 403 at the first upload is, as before)."""
+    import baton
+    from baton.errors import BatonError, StoreError
+    from baton.release.publish import open_target, publish
+    from baton.store.hub import HubStore
+
+    b = HubBackend(hub_server, FAST_RETRY)
+    owner = b.repo.split("/")[0]
+    hub_server.create_repo(f"datasets/{b.repo}")
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", b.proxy.url)
+        monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+        cfg = make_config()
+        read = hub_server.add_token({"role": "read"})
+        other = hub_server.add_token({"role": "fineGrained", "fineGrained": {"scoped": [
+            {"entity": {"type": "user", "name": owner}, "permissions": ["repo.content.read"]},
+            {"entity": {"type": "model", "name": owner + "/other"}, "permissions": ["repo.write"]}]}})
+        scoped = hub_server.add_token({"role": "fineGrained", "fineGrained": {"scoped": [
+            {"entity": {"type": "model", "name": b.repo}, "permissions": ["repo.content.read", "repo.write"]}]},
+        }, writes=True)
+        c = baton.load_config(cfg, [f"publish.url=hf://{b.repo}"])
+        for token, why in ((read, "a read token"), (other, "a fine-grained token without repo.write")):
+            monkeypatch.setenv("HF_TOKEN", token)
+            for fn in (lambda: publish(c), lambda: baton.train(c, progress=False),
+                       lambda: baton.train(baton.load_config(cfg, [f"store.url=hf://{b.repo}"]), progress=False),
+                       lambda: baton.publish_data(baton.load_config(cfg, [f"data.url=hf://datasets/{b.repo}"])),
+                       lambda: baton.eval(baton.load_config(cfg, [f"store.url=hf://{b.repo}"]))):
+                with pytest.raises(StoreError) as e:
+                    fn()
+                assert str(e.value) == (f"the token may not write to {b.repo} ({why}"
+                                        + (f" on {owner} or {b.repo}" if token == other else "")
+                                        + "): use a token with write access to it (HF_TOKEN or `hf auth login`)")
+        assert not any(s.method in ("PUT", "POST") for s in b.proxy.seen) and b.hub.files(b.repo) == {}
+        assert not (cfg.parent / "store").exists() and not (cfg.parent / "runs").exists()
+
+        monkeypatch.setenv("HF_TOKEN", scoped)
+        open_target(c)
+        # The URL's own revision is made when missing, as --revision makes its branch; a bad URL names its key.
+        assert open_target(baton.load_config(cfg, [f"publish.url=hf://{b.repo}?revision=dev"])).store.revision == "dev"
+        assert (b.repo, "dev") in hub_server.branches
+        with pytest.raises(BatonError, match="^publish.url 'hf://baton-test' must name a repository"):
+            publish(baton.load_config(cfg, ["publish.url=hf://baton-test"]))
+        with pytest.raises(BatonError, match="^data.url 'hf://baton-test' must name a repository"):
+            baton.publish_data(baton.load_config(cfg, ["data.url=hf://baton-test"]))
+        hub_server.serve_whoami = False  # no verdict: the upload's own 403 is the answer, still one line
+        monkeypatch.setenv("HF_TOKEN", read)
+        open_target(c)
+        with pytest.raises(BatonError, match=r"may not write to .* \(HTTP 403\)"):
+            HubStore.from_url(f"hf://{b.repo}", FAST_RETRY).write_text("probe.txt", "x")
+    finally:
+        hub_server.serve_whoami = True
+        b.close()

@@ -19,9 +19,13 @@ Dataset repositories (``create_repo("datasets/owner/name")``) answer the same un
                                                      its YAML front matter must parse to a mapping
 - ``GET  /api/models/{repo}/revision/{rev}``         repository info: the revision's head commit and files
                                                      (what ``snapshot_download`` asks first)
+- ``GET  /api/whoami-v2``                            the token's owner and its ``auth.accessToken`` (role
+                                                     read, write or fineGrained with scoped permissions)
 The Xet protocol is not served: the client is run with ``HF_HUB_DISABLE_XET=1``.
 
-Auth is a bearer token; a wrong one gets the Hub's 401 "Invalid credentials". Test hooks (``corrupt``,
+Auth is a bearer token; a wrong one gets the Hub's 401 "Invalid credentials". ``token`` may write; ``add_token``
+makes others, described by whoami as given, that may only read unless told otherwise: their writes (preupload,
+LFS batch, commit, branch) get the Hub's 403. Test hooks (``corrupt``,
 ``remove``, ``read``) change what the server holds behind the client's back.
 """
 
@@ -78,8 +82,17 @@ class HubServer(LocalHTTPServer):
         self.heads: dict[tuple[str, str], str] = {}  # (repo, branch) -> its newest commit
         self.snapshots: dict[str, dict[str, Entry]] = {}  # commit -> the files as it left them
         self.lock = threading.Lock()
+        # token -> (whoami's auth.accessToken, whether it may write)
+        self.tokens: dict[str, tuple[dict, bool]] = {self.token: ({"role": "write", "displayName": "write"}, True)}
+        self.serve_whoami = True  # False: a server without the endpoint (404), as some Hub mirrors
 
     # ------------------------------------------------------------------------------------ hooks
+    def add_token(self, access: dict, writes: bool = False) -> str:
+        """A further token whose whoami answers ``access``; ``writes``: whether the server lets it write."""
+        token = "hf_test_" + uuid.uuid4().hex
+        self.tokens[token] = (access, writes)
+        return token
+
     def create_repo(self, repo: str) -> None:
         with self.lock:
             self.repos.setdefault(repo, {})
@@ -122,6 +135,15 @@ class HubServer(LocalHTTPServer):
             if not path.startswith(("/lfs-blob/", "/lfs-upload/")) and not self._authorized(h):
                 return self._send(h, 401, {"error": "Invalid credentials in Authorization header"},
                                   {"X-Error-Message": "Invalid credentials in Authorization header"})
+            if h.command == "GET" and path == "/api/whoami-v2" and self.serve_whoami:
+                access, _ = self.tokens[h.headers["Authorization"].removeprefix("Bearer ")]
+                return self._send(h, 200, {"type": "user", "name": "baton-test", "auth": {
+                    "type": "access_token", "accessToken": access}})
+            writing = (h.command == "POST" and re.search(r"/(preupload|commit|branch)/|/info/lfs/objects/batch$", path)
+                       and not self.tokens[h.headers["Authorization"].removeprefix("Bearer ")][1])
+            if writing:
+                return self._send(h, 403, {"error": "You don't have the rights to write to this repository"},
+                                  {"X-Error-Message": "You don't have the rights to write to this repository"})
             routes = [
                 ("POST", r"/api/models/([^/]+/[^/]+)/preupload/([^/]+)", self._preupload),
                 ("POST", r"/([^/]+/[^/]+)\.git/info/lfs/objects/batch", self._lfs_batch),
@@ -152,7 +174,7 @@ class HubServer(LocalHTTPServer):
             pass
 
     def _authorized(self, h: BaseHTTPRequestHandler) -> bool:
-        return h.headers.get("Authorization", "") == f"Bearer {self.token}"
+        return h.headers.get("Authorization", "").removeprefix("Bearer ") in self.tokens
 
     @staticmethod
     def _send(h, status: int, payload, headers: dict | None = None, raw: bytes | None = None) -> None:

@@ -14,11 +14,12 @@ from baton.session.clock import TimeBudget
     ('log.backends=["wandb","wandb"]', "log.backends lists a backend twice"),
     ("log.mlflow_uri=https://u:p@mlflow.invalid", "log.mlflow_uri must not carry credentials"),
     ("train.eval_every=-1", "train.eval_every must be >= 0"),
+    ("train.eval_every=3 data.val_windows=0", "train.eval_every=3 needs held-out windows: set data.val_windows > 0"),
     ("train.spike_threshold=-2", "train.spike_threshold must be > 0"),
 ])
 def test_bad_log_and_eval_keys_are_named(override, message):
     with pytest.raises(ConfigError, match=message):
-        load_config(None, [override])
+        load_config(None, override.split())
 
 
 def test_budget_keeps_time_for_the_next_evaluation():
@@ -30,3 +31,20 @@ def test_budget_keeps_time_for_the_next_evaluation():
     assert b.needed(final=False, evaluates=True) == 5 + 30 + 20 + 10
     assert b.needed(final=True) == 5 + 20 + (20 + 30) + 10  # the horizon's evaluation: as measured
     assert not b.should_stop(now=40.0) and b.should_stop(now=40.0, evaluates=True)
+
+
+def test_a_tracker_that_cannot_start_is_one_line_before_any_step(make_config, tmp_path, monkeypatch):
+    """MLflow 3 refuses a file: store unless MLFLOW_ALLOW_FILE_STORE is set: a real start failure, said as one
+    line naming the tracker and what to check, with no step trained."""
+    import baton
+    from baton.errors import BatonError
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    cfg = baton.load_config(make_config(), ['log.backends=["jsonl","mlflow"]',
+                                            f"log.mlflow_uri={(tmp_path / 'mlruns').as_uri()}"])
+    with pytest.raises(BatonError) as e:
+        baton.train(cfg, progress=False)
+    said = str(e.value)
+    assert said.startswith("tracker mlflow could not start (MlflowException: ") and "\n" not in said
+    assert said.endswith("or remove 'mlflow' from log.backends") and "log.mlflow_uri" in said
+    assert not (cfg.run_dir / "metrics.jsonl").exists()
