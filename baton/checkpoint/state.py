@@ -106,7 +106,8 @@ def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ten
 
 
 class LocalSaveError(BatonError):
-    """The checkpoint could not be written to the local disk: nothing reached the store."""
+    """The checkpoint could not be written to the local disk: nothing reached the store. The message does not
+    say what the store's pointer names: only the session knows whether there is one (it adds that)."""
 
 
 def save_checkpoint(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -139,13 +140,12 @@ def save_checkpoint(out: Path, model: torch.nn.Module, optimizer: torch.optim.Op
                 or "os error 28" in text:
             raise LocalSaveError(
                 f"no space left on the disk of {out.parent} to write checkpoint {out.name} (free space there, or "
-                "set run.local_dir to a larger disk, then resume); nothing was pushed and the pointer still names "
-                "the previous verified checkpoint"
+                "set run.local_dir to a larger disk, then resume); nothing was pushed"
             ) from None
         if isinstance(e, OSError) or type(e).__name__ == "SafetensorError":
             raise LocalSaveError(
                 f"could not write checkpoint {out.name} to {out.parent}: {getattr(e, 'strerror', None) or e} (check "
-                "that run.local_dir is writable, then resume); the pointer still names the previous verified checkpoint"
+                "that run.local_dir is writable, then resume); nothing was pushed"
             ) from None
         raise
     return out
