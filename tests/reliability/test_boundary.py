@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_bad_input import TRAIN, Ctx, _truncate
+from test_bad_input import TRAIN, Ctx, _pointer, _rewrite_ckpt_file, _state, _truncate
 
 from support.boundary import assert_input_error, run_in_process, tree_hash
 
@@ -313,6 +313,58 @@ CASES: list[tuple[str, Callable[[B], list[str]], tuple[str, ...]]] = [
     ("export-data-tokenizer-missing", lambda c: ["export", *_cfg(c), "--out", str(c.tmp / "o"), *c.data(
         lambda d: (d / "tokenizer.json").unlink())], ("tokenizer.json",)),
 ]
+
+
+# A checkpoint edited by hand with its pointer updated to match: the sha256 checks pass, the values do not.
+EDITED: list[tuple[str, Callable[[B], list[str]], tuple[str, ...]]] = [
+    ("state-cursor-text", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_state(r, cursor="x"))],
+     ("state.json is malformed: cursor is not a table", "resume from an earlier checkpoint")),
+    ("state-stats-text", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_state(r, stats="x"))],
+     ("state.json is malformed: stats is not a table",)),
+    ("state-step-text", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_state(r, step="2"))],
+     ("state.json is malformed: step is not a count",)),
+    ("state-rng-cut", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_state(
+        r, rng={**_state(r)["rng"], "ranks": [{**_state(r)["rng"]["ranks"][0], "torch": "AAAA"}]}))],
+     ("the RNG state in the checkpoint's state.json cannot be restored", "resume from an earlier checkpoint")),
+    ("weights-half", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_tensors(
+        r, "model.safetensors", lambda k, t: t.half()))], ("model.safetensors does not fit this model", "is F16")),
+    ("weights-shape", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_tensors(
+        r, "model.safetensors", lambda k, t: t[:3]))], ("model.safetensors does not fit this model",)),
+    ("moments-shape", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_tensors(
+        r, "optimizer.safetensors", lambda k, t: t[:3] if k.endswith("exp_avg") else t))],
+     ("optimizer state", "but the parameter is", "resume from an earlier checkpoint")),
+    ("moments-slot-missing", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_tensors(
+        r, "optimizer.safetensors", lambda k, t: None if k.endswith("q_proj.weight::exp_avg") else t))],
+     ("optimizer state is incomplete",)),
+    ("moments-param-missing", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_tensors(
+        r, "optimizer.safetensors", lambda k, t: None if ".layers.1." in k else t))],
+     ("optimizer state is incomplete (nothing for parameter",)),
+]
+
+
+@pytest.mark.parametrize("case", EDITED, ids=[c[0] for c in EDITED])
+def test_an_edited_checkpoint_is_refused_in_one_line_and_kept(case, base, tmp_path, capsys):
+    """Refused before any step, and the checkpoint and pointer stay as they are (the ledger records the
+    failed session, as for every session)."""
+    argv = case[1](B(base, tmp_path))
+    run = tmp_path / "store" / "test"
+    before = (tree_hash(run / "ckpt"), (run / "latest.json").read_bytes())
+    assert_input_error(run_in_process(argv, capsys), *case[2])
+    assert (tree_hash(run / "ckpt"), (run / "latest.json").read_bytes()) == before
+
+
+def _edit_state(run: Path, **values) -> None:
+    _rewrite_ckpt_file(run, "state.json", json.dumps({**_state(run), **values}).encode())
+
+
+def _edit_tensors(run: Path, name: str, change: Callable) -> None:
+    """Each tensor of a checkpoint file through ``change(key, tensor)`` (None drops it)."""
+    from safetensors.torch import load_file, save_file
+
+    path = run / _pointer(run)["path"] / name
+    changed = {k: change(k, t) for k, t in load_file(str(path)).items()}
+    save_file({k: t.contiguous() for k, t in changed.items() if t is not None}, str(path))
+    _rewrite_ckpt_file(run, name, path.read_bytes())
 
 
 def _symlink(link: Path, target: Path) -> Path:
