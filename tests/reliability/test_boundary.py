@@ -312,6 +312,10 @@ CASES: list[tuple[str, Callable[[B], list[str]], tuple[str, ...]]] = [
         lambda d: (d / "tokenizer.json").write_text("[1,"))], ("exported model folder",)),
     ("export-data-tokenizer-missing", lambda c: ["export", *_cfg(c), "--out", str(c.tmp / "o"), *c.data(
         lambda d: (d / "tokenizer.json").unlink())], ("tokenizer.json",)),
+    ("store-s3-port-word", lambda c: [*TRAIN, *_cfg(c), "--set", "store.url=s3://b/p?endpoint=http://127.0.0.1:abc"],
+     ("S3 endpoint 'http://127.0.0.1:abc' has an invalid port",)),
+    ("store-s3-bucket-name", lambda c: [*TRAIN, *_cfg(c), "--set", "store.url=s3://my_bucket!/p?endpoint=http://h:1"],
+     ("bucket 'my_bucket!', not a valid bucket name",)),
 ]
 
 
