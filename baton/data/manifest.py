@@ -49,7 +49,33 @@ def parse_manifest(raw: bytes | str, where: str) -> dict[str, Any]:
         raise DataError(f"{where} lacks {', '.join(missing)}; it was not written by this baton (rerun `baton prepare`)")
     if m["format"] != FORMAT:
         raise DataError(f"{where} has format {m['format']!r}; this baton reads {FORMAT!r}")
+    wrong = _wrong_kinds(m)
+    if wrong:
+        raise DataError(f"{where} is malformed: {'; '.join(wrong[:3])} (rerun `baton prepare`, or restore the data "
+                        "folder from its copy)")
     return m
+
+
+def _count(v: Any) -> bool:
+    return type(v) is int and v >= 0
+
+
+def _wrong_kinds(m: dict[str, Any]) -> list[str]:
+    """Fields whose values are not of the kind this baton writes: every reader may then index them freely."""
+    tok, shards = m["tokenizer"], m["shards"]
+    checks = [
+        ("shards is not a list of shard records", isinstance(shards, list) and all(
+            isinstance(x, dict) and isinstance(x.get("file"), str) and isinstance(x.get("sha256"), str)
+            and _count(x.get("tokens")) for x in shards)),
+        ("total_tokens is not a count", _count(m["total_tokens"])),
+        ("n_shards is not a count", _count(m["n_shards"])),
+        ("fingerprint is not text", isinstance(m["fingerprint"], str)),
+        (f"dtype {m['dtype']!r} is not uint16 or uint32", m["dtype"] in ("uint16", "uint32")),
+        ("tokenizer is not a record with its file, sha256, vocab_size, eos_token and eos_id", isinstance(tok, dict)
+         and isinstance(tok.get("file"), str) and isinstance(tok.get("sha256"), str)
+         and _count(tok.get("vocab_size")) and isinstance(tok.get("eos_token"), str) and _count(tok.get("eos_id"))),
+    ]
+    return [what for what, ok in checks if not ok]
 
 
 def bad_shard_names(shards: list[dict[str, Any]]) -> list[str]:

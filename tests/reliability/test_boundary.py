@@ -312,6 +312,12 @@ CASES: list[tuple[str, Callable[[B], list[str]], tuple[str, ...]]] = [
         lambda d: (d / "tokenizer.json").write_text("[1,"))], ("exported model folder",)),
     ("export-data-tokenizer-missing", lambda c: ["export", *_cfg(c), "--out", str(c.tmp / "o"), *c.data(
         lambda d: (d / "tokenizer.json").unlink())], ("tokenizer.json",)),
+    ("manifest-shards-text", lambda c: [*TRAIN, *_cfg(c), *c.data(lambda d: _edit_manifest(d, shards="x"))],
+     ("manifest.json is malformed: shards is not a list of shard records", "rerun `baton prepare`")),
+    ("manifest-tokenizer-text", lambda c: ["data-info", *_cfg(c), *c.data(lambda d: _edit_manifest(d, tokenizer="x"))],
+     ("manifest.json is malformed: tokenizer is not a record",)),
+    ("manifest-total-text", lambda c: ["verify-data", *_cfg(c), *c.data(lambda d: _edit_manifest(d, total_tokens="9"))],
+     ("manifest.json in", "is malformed: total_tokens is not a count")),
     ("store-s3-port-word", lambda c: [*TRAIN, *_cfg(c), "--set", "store.url=s3://b/p?endpoint=http://127.0.0.1:abc"],
      ("S3 endpoint 'http://127.0.0.1:abc' has an invalid port",)),
     ("store-s3-bucket-name", lambda c: [*TRAIN, *_cfg(c), "--set", "store.url=s3://my_bucket!/p?endpoint=http://h:1"],
@@ -355,6 +361,11 @@ def test_an_edited_checkpoint_is_refused_in_one_line_and_kept(case, base, tmp_pa
     before = (tree_hash(run / "ckpt"), (run / "latest.json").read_bytes())
     assert_input_error(run_in_process(argv, capsys), *case[2])
     assert (tree_hash(run / "ckpt"), (run / "latest.json").read_bytes()) == before
+
+
+def _edit_manifest(data: Path, **values) -> None:
+    m = json.loads((data / "manifest.json").read_text())
+    (data / "manifest.json").write_text(json.dumps({**m, **values}))
 
 
 def _edit_state(run: Path, **values) -> None:
