@@ -173,7 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from ..runtime import logs
 
-    rank = int(os.environ.get("RANK", 0))
+    try:
+        rank = int(os.environ.get("RANK", 0))
+    except ValueError:  # before logging is set up: said here, in the one line every user error gets
+        print(f"baton: error: the environment variable RANK={os.environ['RANK']!r} is not a rank number (torchrun "
+              "sets it for its ranks; unset it to run one process)", file=sys.stderr)
+        return 2
     logs.setup(rank)
     status = 1
     try:

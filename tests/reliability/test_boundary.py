@@ -411,6 +411,12 @@ def test_bad_input_one_line_exit_2_store_untouched(case, base, exported, tmp_pat
     assert tree_hash(tmp_path / "store") == own
 
 
+def test_a_rank_variable_that_is_not_a_number_is_one_line(monkeypatch, base, capsys):
+    monkeypatch.setenv("RANK", "abc")
+    assert_input_error(run_in_process(["status", *_cfg(B(base, base))], capsys),
+                       "the environment variable RANK='abc' is not a rank number", "unset it")
+
+
 def test_a_bug_is_exit_1_with_the_log_path_and_no_traceback_on_the_terminal(monkeypatch, tmp_path, capsys):
     from baton import cli
 
