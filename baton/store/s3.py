@@ -118,7 +118,11 @@ class S3Store:
                 raise ConfigError(f"S3 endpoint {endpoint!r} is not an http(s) URL")
             if ep.username or ep.password:
                 raise ConfigError("the S3 endpoint must not carry credentials; use the AWS environment variables")
-        send = query.get("checksum", "sha256") not in ("off", "0", "false", "none")
+        checksum = query.get("checksum", "sha256").lower()
+        if checksum not in ("sha256", "on", "1", "true", "off", "0", "false", "none"):
+            raise ConfigError(f"store.url checksum={query['checksum']!r}: use checksum=off to stop sending "
+                              "x-amz-checksum-sha256, or leave it out (sha256, the default)")
+        send = checksum not in ("off", "0", "false", "none")
         return cls(parts.netloc, parts.path, endpoint or None, query.get("region"), retry, send)
 
     # ---------------------------------------------------------------------------------- helpers

@@ -320,6 +320,8 @@ CASES: list[tuple[str, Callable[[B], list[str]], tuple[str, ...]]] = [
      ("manifest.json in", "is malformed: total_tokens is not a count")),
     ("store-s3-port-word", lambda c: [*TRAIN, *_cfg(c), "--set", "store.url=s3://b/p?endpoint=http://127.0.0.1:abc"],
      ("S3 endpoint 'http://127.0.0.1:abc' has an invalid port",)),
+    ("store-s3-checksum-word", lambda c: [*TRAIN, *_cfg(c), "--set", "store.url=s3://b/p?endpoint=http://h:1&checksum=maybe"],
+     ("store.url checksum='maybe': use checksum=off",)),
     ("store-s3-bucket-name", lambda c: [*TRAIN, *_cfg(c), "--set", "store.url=s3://my_bucket!/p?endpoint=http://h:1"],
      ("bucket 'my_bucket!', not a valid bucket name",)),
 ]
