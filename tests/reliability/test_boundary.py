@@ -419,6 +419,18 @@ def test_a_rank_variable_that_is_not_a_number_is_one_line(monkeypatch, base, cap
                        "the environment variable RANK='abc' is not a rank number", "unset it")
 
 
+@pytest.mark.parametrize("endpoint, expect", [
+    ("http://user:sekrit-pw@127.0.0.1:1", "the Hub endpoint (HF_ENDPOINT) must not carry credentials; set HF_TOKEN"),
+    ("localhost:8080", "the Hub endpoint (HF_ENDPOINT) 'localhost:8080' is not an http(s) URL"),
+])
+def test_a_hub_endpoint_with_credentials_or_no_scheme_is_refused(endpoint, expect, monkeypatch, base, tmp_path, capsys):
+    """HF_ENDPOINT is named in every line about the store, so a password in it would be printed everywhere."""
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    o = run_in_process([*TRAIN, *_cfg(B(base, tmp_path)), "--set", "store.url=hf://owner/repo"], capsys)
+    assert_input_error(o, expect)
+    assert "sekrit-pw" not in o.stdout + o.stderr
+
+
 def test_a_bug_is_exit_1_with_the_log_path_and_no_traceback_on_the_terminal(monkeypatch, tmp_path, capsys):
     from baton import cli
 
