@@ -209,7 +209,9 @@ def _load(args):
 
     cfg = load_config(args.config, args.overrides)
     if args.command != "config":  # the store, run and data folders: folders, apart, before any work
-        check_layout(cfg)
+        # Those the command writes must also take a write (train's data.dir may be a read-only verified copy).
+        writes = {"train": ("store.url", "run.local_dir"), "prepare": ("data.dir",)}.get(args.command, ())
+        check_layout(cfg, writes)
     return cfg
 
 
