@@ -82,6 +82,9 @@ def prepare(cfg: Config, *, force: bool = False, progress: bool = True, publish:
     """
     _config(cfg, "prepare")
     from .data.prepare import prepare as run_prepare
+    from .guard import check_layout
+
+    check_layout(cfg, ("data.dir",))  # as the CLI does, and the data folder takes a write
 
     _console()
     if publish:
@@ -129,6 +132,9 @@ def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = N
     _config(cfg, "train")
     rank = _console()
     cfg.validate()  # a config changed in place since it was loaded is checked again
+    from .guard import check_layout
+
+    check_layout(cfg, ("store.url", "run.local_dir"))  # as the CLI does, and folders it writes take a write
     if stop_after_steps is not None and (type(stop_after_steps) is not int or stop_after_steps <= 0):
         raise BatonError(f"--stop-after-steps must be a positive step number, got {stop_after_steps!r}")
     spec = launch or LaunchSpec(nproc=nproc)

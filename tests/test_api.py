@@ -76,6 +76,14 @@ def test_the_api_says_a_wrong_kind_of_argument_in_one_line(make_config):
         assert str(e.value).startswith(message), str(e.value)
         assert "\n" not in str(e.value)
     assert baton.load_config(cfg_path, "optim.lr=0.01").optim.lr == 0.01  # not ten one-letter overrides
+    # The CLI's boundary holds for the API too: folders apart, and those it writes on a disk that takes a write.
+    nested = baton.load_config(cfg_path, {"store.url": str(cfg.data.dir) + "/store"})
+    with pytest.raises(baton.BatonError, match="the store's folder .* lies inside the data folder"):
+        baton.train(nested)
+    with pytest.raises(baton.BatonError, match=r"the run folder /proc/baton-nope/test \(run.local_dir\) cannot be "):
+        baton.train(baton.load_config(cfg_path, {"run.local_dir": "/proc/baton-nope"}))
+    with pytest.raises(baton.BatonError, match=r"the data folder /proc/baton-nope \(data.dir\) cannot be written"):
+        baton.prepare(baton.load_config(cfg_path, {"data.dir": "/proc/baton-nope"}))
     assert not (cfg_path.parent / "runs").exists(), "refused before any work"
 
 
