@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import BatonError
+from .errors import BatonError, ConfigError
 
 if TYPE_CHECKING:
     from .config import Config
@@ -46,6 +46,15 @@ def _console() -> int:
     return rank
 
 
+def _config(cfg: Any, fn: str) -> None:
+    """A notebook's likeliest slip, ``baton.train("configs/tiny.toml")``, said in the one line a BatonError shows."""
+    from .config import Config
+
+    if not isinstance(cfg, Config):
+        raise ConfigError(f"baton.{fn} takes the Config that baton.load_config(path) returns, not a "
+                          f"{type(cfg).__name__} ({cfg!r:.80})")
+
+
 def load_config(path: str | Path | None = None,
                 overrides: Mapping[str, Any] | Iterable[str] | None = None) -> Config:
     """Read a TOML config (or start from the defaults when ``path`` is None) and apply overrides.
@@ -55,6 +64,8 @@ def load_config(path: str | Path | None = None,
     """
     from .config import load_config as load
 
+    if isinstance(overrides, str):  # one "key=value": not a sequence of one-letter overrides
+        overrides = [overrides]
     if isinstance(overrides, Mapping):
         # A JSON literal is a TOML literal for the value types a config holds (strings, numbers, booleans,
         # lists of them), so a Python value arrives typed exactly, never re-guessed from its text.
@@ -69,7 +80,11 @@ def prepare(cfg: Config, *, force: bool = False, progress: bool = True, publish:
 
     ``publish`` then pushes the prepared dataset to ``data.url``, verified (see :func:`publish_data`).
     """
+    _config(cfg, "prepare")
     from .data.prepare import prepare as run_prepare
+    from .guard import check_layout
+
+    check_layout(cfg, ("data.dir",))  # as the CLI does, and the data folder takes a write
 
     _console()
     if publish:
@@ -89,6 +104,7 @@ def publish_data(cfg: Config) -> str:
 
     A rerun after a kill uploads only what the store does not already hold verified.
     """
+    _config(cfg, "publish_data")
     from .data.publish import publish
 
     _console()
@@ -124,13 +140,17 @@ def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = N
     from .runtime.launch import LaunchSpec
     from .session.clock import session_clock
 
+    _config(cfg, "train")
     rank = _console()
     cfg.validate()  # a config changed in place since it was loaded is checked again
-    if stop_after_steps is not None and stop_after_steps <= 0:
-        raise BatonError(f"--stop-after-steps must be a positive step number, got {stop_after_steps}")
+    from .guard import check_layout
+
+    check_layout(cfg, ("store.url", "run.local_dir"))  # as the CLI does, and folders it writes take a write
+    if stop_after_steps is not None and (type(stop_after_steps) is not int or stop_after_steps <= 0):
+        raise BatonError(f"--stop-after-steps must be a positive step number, got {stop_after_steps!r}")
     spec = launch or LaunchSpec(nproc=nproc)
-    if spec.nproc < 1:
-        raise BatonError(f"--nproc must be >= 1, got {spec.nproc}")
+    if type(spec.nproc) is not int or spec.nproc < 1:
+        raise BatonError(f"--nproc must be a whole number >= 1, got {spec.nproc!r}")
     from .tracking import check_installed
 
     check_installed(cfg.log.backends)  # one line before any launch, not one per rank after it
@@ -208,6 +228,7 @@ def _launched(cfg: Config, spec: LaunchSpec, args: list[str], stream_output: boo
 
 def status(cfg: Config) -> dict[str, Any]:
     """What the store holds for the run: pointer, verified checkpoints, tokens, measured rate, ETA, ledger."""
+    _config(cfg, "status")
     from .views.status import status as run_status
 
     _console()
@@ -225,6 +246,8 @@ def plan(cfg: Config | None = None, **options: Any) -> dict[str, Any]:
     from .planning.plan import plan as make_plan
     from .views.plan import format_plan, plan_input, plan_options
 
+    if cfg is not None:
+        _config(cfg, "plan")
     _console()
     parser = argparse.ArgumentParser(prog="baton.plan", add_help=False)
     plan_options(parser)  # the flags of `baton plan`, with their defaults and their own parsers
@@ -252,6 +275,7 @@ def export(cfg: Config, out: str | Path, source: str = "store", step: int | None
     ``out`` must be new or empty (``force`` writes into it anyway) and never inside the store, the run
     folder or the data folder.
     """
+    _config(cfg, "export")
     from .guard import output_dir
     from .model.export import export_run
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -76,8 +77,9 @@ def places(cfg: Config) -> list[tuple[str, str, Path]]:
     return out
 
 
-def check_layout(cfg: Config) -> None:
-    """The store's, the run's and the data's folders: each a folder (or not yet made), none inside another."""
+def check_layout(cfg: Config, writes: tuple[str, ...] = ()) -> None:
+    """The store's, the run's and the data's folders: each a folder (or not yet made), none inside another;
+    those whose config keys are in ``writes`` (the command writes there) on a disk that takes a write."""
     named = places(cfg)
     for name, key, folder in named:
         p = Path(folder).expanduser()
@@ -87,6 +89,8 @@ def check_layout(cfg: Config) -> None:
         if not above.is_dir():
             raise PathError(f"{name} {p} ({key}) cannot be made: {above} is a file, not a folder (set {key} to a "
                             "folder)")
+        if key in writes:  # found now, not after a session's training when its first checkpoint is saved
+            _writable_place(p, f"{name} {p} ({key})", f"set {key} to a folder on a writable disk")
     for i, (a, ka, fa) in enumerate(named):
         for b, kb, fb in named[i + 1 :]:
             ra, rb = resolved(fa), resolved(fb)
@@ -125,7 +129,7 @@ def output_dir(path: str | Path, flag: str, cfg: Config | None = None, force: bo
             raise PathError(f"{flag} {p} is a file, not a folder (choose a new folder)")
         if not force and any(p.iterdir()):
             raise PathError(f"{flag} {p} already holds files (pass --force to write over them, or choose a new folder)")
-    _writable_place(p, f"{flag} {p}")
+    _writable_place(p, f"{flag} {p}", "choose another place")
     return p
 
 
@@ -136,13 +140,19 @@ def _nearest_existing(p: Path) -> Path:
     return q
 
 
-def _writable_place(p: Path, what: str) -> None:
+def _writable_place(p: Path, what: str, fix: str) -> None:
     """The nearest existing folder at or above ``p`` must be a folder this process may write into."""
     q = _nearest_existing(p)
     if not q.is_dir():
-        raise PathError(f"{what} cannot be made: {q} is a file, not a folder (choose another place)")
+        raise PathError(f"{what} cannot be made: {q} is a file, not a folder ({fix})")
     if not os.access(q, os.W_OK | os.X_OK):
-        raise PathError(f"{what} cannot be written: no permission to write in {q} (choose another place)")
+        raise PathError(f"{what} cannot be written: no permission to write in {q} ({fix})")
+    # Permission bits do not tell all (a read-only mount, /proc, a full quota, root's access() that says yes to
+    # everything): a folder made and removed at once does.
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".baton-probe-", dir=q))
+    except OSError as e:
+        raise PathError(f"{what} cannot be written: making a folder in {q} failed ({e.strerror}) ({fix})") from None
 
 
 # ------------------------------------------------------------------------------------ number flags

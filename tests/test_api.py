@@ -64,6 +64,34 @@ def test_api_errors_are_the_clis_one_line_messages(make_config, baton_cli):
         assert e.value._render_traceback_() == [f"baton: error: {e.value}"]  # what a notebook cell shows
 
 
+def test_the_api_says_a_wrong_kind_of_argument_in_one_line(make_config):
+    """A path where a Config belongs, a whole-step count that is not whole, one override given as a string."""
+    cfg_path = make_config()
+    cfg = baton.load_config(cfg_path)
+    for call, message in [
+        (lambda: baton.train(str(cfg_path)), "baton.train takes the Config that baton.load_config(path) returns, "
+                                             "not a str"),
+        (lambda: baton.prepare(cfg_path), "baton.prepare takes the Config"),
+        (lambda: baton.status(None), "baton.status takes the Config"),
+        (lambda: baton.train(cfg, stop_after_steps=2.5), "--stop-after-steps must be a positive step number, got 2.5"),
+        (lambda: baton.train(cfg, nproc="2"), "--nproc must be a whole number >= 1, got '2'"),
+    ]:
+        with pytest.raises(baton.BatonError) as e:
+            call()
+        assert str(e.value).startswith(message), str(e.value)
+        assert "\n" not in str(e.value)
+    assert baton.load_config(cfg_path, "optim.lr=0.01").optim.lr == 0.01  # not ten one-letter overrides
+    # The CLI's boundary holds for the API too: folders apart, and those it writes on a disk that takes a write.
+    nested = baton.load_config(cfg_path, {"store.url": str(cfg.data.dir) + "/store"})
+    with pytest.raises(baton.BatonError, match="the store's folder .* lies inside the data folder"):
+        baton.train(nested)
+    with pytest.raises(baton.BatonError, match=r"the run folder /proc/baton-nope/test \(run.local_dir\) cannot be "):
+        baton.train(baton.load_config(cfg_path, {"run.local_dir": "/proc/baton-nope"}))
+    with pytest.raises(baton.BatonError, match=r"the data folder /proc/baton-nope \(data.dir\) cannot be written"):
+        baton.prepare(baton.load_config(cfg_path, {"data.dir": "/proc/baton-nope"}))
+    assert not (cfg_path.parent / "runs").exists(), "refused before any work"
+
+
 def test_import_baton_does_not_import_torch():
     code = "import sys, baton; baton.load_config(None); assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

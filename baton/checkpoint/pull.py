@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 from ..errors import LocalDiskError, ResumeError, StoreError
 from ..hashing import sha256_file
 from ..store import Store
-from .cycle import POINTER
+from .cycle import POINTER, ckpt_path
 from .state import REQUIRED
 
 
@@ -46,9 +47,14 @@ def check_pointer(p: Any, run: str, key: str) -> None:
         raise ResumeError(f"pointer {key} lacks {', '.join(missing)}")
     if p["run"] != run:
         raise ResumeError(f"pointer {key} belongs to run {p['run']!r}, not {run!r}")
-    if not isinstance(p["step"], int) or p["step"] < 0:
+    if type(p["step"]) is not int or p["step"] < 0:
         raise ResumeError(f"pointer {key} has an invalid step {p['step']!r}")
     check_inside(p["path"], key)
+    # The cycle writes the checkpoint of step N to ckpt_path(N): a pointer that pairs them otherwise was edited.
+    if p["path"] != ckpt_path(p["step"]):
+        raise ResumeError(f"pointer {key} says step {p['step']} but names {p['path']!r}")
+    if not isinstance(p["cursor"], dict):
+        raise ResumeError(f"pointer {key} has a cursor that is not a table")
     files = p["files"]
     if not isinstance(files, dict) or not files:
         raise ResumeError(f"pointer {key} lists no files")
@@ -58,6 +64,11 @@ def check_pointer(p: Any, run: str, key: str) -> None:
     for name in REQUIRED:
         if name not in files:
             raise ResumeError(f"pointer {key} names a checkpoint without {name}")
+    for name, info in files.items():
+        if type(info["size"]) is not int or info["size"] < 0 or not isinstance(info["sha256"], str) \
+                or not re.fullmatch(r"[0-9a-f]{64}", info["sha256"]):
+            raise ResumeError(f"pointer {key} lists {name!r} with size {info['size']!r} and sha256 "
+                              f"{info['sha256']!r}: not a byte count and a sha256 hex digest")
 
 
 def check_inside(path: Any, key: str) -> None:

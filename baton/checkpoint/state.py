@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import base64
+import binascii
 import errno
 import json
 import os
@@ -20,6 +21,7 @@ from typing import Any, cast
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from .. import faults
@@ -59,13 +61,19 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(s: dict[str, Any]) -> None:
-    torch.set_rng_state(_unb64(s["torch"]))
-    if s.get("cuda") and torch.cuda.is_available() and len(s["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all([_unb64(x) for x in s["cuda"]])
-    n = s["numpy"]
-    np.random.set_state(("MT19937", np.array(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
-    p = s["python"]
-    random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
+    try:
+        torch.set_rng_state(_unb64(s["torch"]))
+        if s.get("cuda") and torch.cuda.is_available() and len(s["cuda"]) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all([_unb64(x) for x in s["cuda"]])
+        n = s["numpy"]
+        np.random.set_state(("MT19937", np.array(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"],
+                             n["cached_gaussian"]))
+        p = s["python"]
+        random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError, binascii.Error) as e:
+        # Each library rejects a malformed state in its own way; all of them mean the same thing here.
+        raise ResumeError(f"the RNG state in the checkpoint's {STATE_FILE} cannot be restored ({type(e).__name__}: "
+                          f"{e}){DAMAGED}") from None
 
 
 # ------------------------------------------------------------------------------------------ optimizer
@@ -92,12 +100,27 @@ def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ten
                    groups: list[dict]) -> None:
     names = _param_names(model, optimizer)
     index = {n: i for i, n in enumerate(names)}
+    params = [p for g in optimizer.param_groups for p in g["params"]]
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, t in tensors.items():
-        name, slot = key.rsplit("::", 1)
+        name, sep, slot = key.rpartition("::")
+        if not sep:
+            raise ResumeError(f"optimizer state holds {key!r}, not a <parameter>::<slot> name{DAMAGED}")
         if name not in index:
             raise ResumeError(f"optimizer state names parameter {name!r}, which this model does not have")
+        p = params[index[name]]
+        # torch loads moments of another shape or dtype without a word; training would then fail or drift.
+        if slot != "step" and (t.shape != p.shape or t.dtype != p.dtype):
+            raise ResumeError(f"optimizer state {key!r} is {t.dtype} {tuple(t.shape)} but the parameter is {p.dtype} "
+                              f"{tuple(p.shape)}{DAMAGED}")
         state.setdefault(index[name], {})[slot] = t
+    slots = {frozenset(v) for v in state.values()}
+    if state and (len(state) != len(names) or len(slots) != 1 or not {"step", "exp_avg", "exp_avg_sq"} <= set(*slots)):
+        # A partial state would start some moments afresh: the run would silently differ from an unbroken one.
+        lacking = next((n for i, n in enumerate(names) if i not in state), None)
+        why = (f"nothing for parameter {lacking!r}" if lacking else
+               "the parameters hold different slots, or lack step, exp_avg or exp_avg_sq")
+        raise ResumeError(f"optimizer state is incomplete ({why}){DAMAGED}")
     fixed = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in groups]
     optimizer.load_state_dict({"state": state, "param_groups": fixed})
 
@@ -106,7 +129,8 @@ def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ten
 
 
 class LocalSaveError(BatonError):
-    """The checkpoint could not be written to the local disk: nothing reached the store."""
+    """The checkpoint could not be written to the local disk: nothing reached the store. The message does not
+    say what the store's pointer names: only the session knows whether there is one (it adds that)."""
 
 
 def save_checkpoint(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -139,13 +163,12 @@ def save_checkpoint(out: Path, model: torch.nn.Module, optimizer: torch.optim.Op
                 or "os error 28" in text:
             raise LocalSaveError(
                 f"no space left on the disk of {out.parent} to write checkpoint {out.name} (free space there, or "
-                "set run.local_dir to a larger disk, then resume); nothing was pushed and the pointer still names "
-                "the previous verified checkpoint"
+                "set run.local_dir to a larger disk, then resume); nothing was pushed"
             ) from None
         if isinstance(e, OSError) or type(e).__name__ == "SafetensorError":
             raise LocalSaveError(
                 f"could not write checkpoint {out.name} to {out.parent}: {getattr(e, 'strerror', None) or e} (check "
-                "that run.local_dir is writable, then resume); the pointer still names the previous verified checkpoint"
+                "that run.local_dir is writable, then resume); nothing was pushed"
             ) from None
         raise
     return out
@@ -173,14 +196,54 @@ def read_state(ckpt: Path) -> dict[str, Any]:
     for key in ("step", "cursor", "config", "rng"):
         if key not in state:
             raise ResumeError(f"{ckpt / STATE_FILE} lacks {key!r}{DAMAGED}")
+    # Its sha256 matched, yet the values may not be what this version wrote: each checked for its kind here, so
+    # no code further on fails on a wrong type.
+    ranks = state["rng"].get("ranks") if isinstance(state["rng"], dict) else None
+    wrong = [what for what, ok in (
+        ("step is not a count", type(state["step"]) is int and state["step"] >= 0),
+        ("cursor is not a table", isinstance(state["cursor"], dict)),
+        ("config is not a table", isinstance(state["config"], dict)),
+        ("rng.ranks is not a list of tables", isinstance(ranks, list) and bool(ranks)
+         and all(isinstance(r, dict) for r in ranks)),
+        ("optimizer_param_groups is not a list of tables", isinstance(state.get("optimizer_param_groups"), list)
+         and all(isinstance(g, dict) for g in state["optimizer_param_groups"])),
+        ("scaler is not a table", isinstance(state.get("scaler"), (dict, type(None)))),
+        ("stats is not a table", isinstance(state.get("stats", {}), dict)),
+    ) if not ok]
+    if wrong:
+        raise ResumeError(f"{ckpt / STATE_FILE} is malformed: {'; '.join(wrong)}{DAMAGED}")
     return state
+
+
+# The safetensors header's names of the dtypes a model's weights may have.
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def _misfits(path: Path, expected: dict[str, torch.Tensor]) -> list[str]:
+    """Tensors in the file whose dtype or shape differ from the model's: torch would copy another dtype without
+    a word (the fp32 master weights rounded), and reports another shape over many lines."""
+    out = []
+    with safe_open(str(path), "pt") as f:
+        for key in f.keys():
+            want, got = expected.get(key), f.get_slice(key)
+            shape = tuple(got.get_shape())
+            if want is not None and (_DTYPES.get(got.get_dtype()) != want.dtype or shape != tuple(want.shape)):
+                out.append(f"{key} is {got.get_dtype()} {shape}, the model's {want.dtype} {tuple(want.shape)}")
+    return out
 
 
 def load_weights(ckpt: Path, model: torch.nn.Module) -> None:
     try:
+        misfits = _misfits(ckpt / MODEL_FILE, _unwrap(model).state_dict())
+        if misfits:
+            raise ResumeError(f"{ckpt / MODEL_FILE} does not fit this model: {'; '.join(misfits[:3])}{DAMAGED}")
         missing, unexpected = load_model(_unwrap(model), str(ckpt / MODEL_FILE), strict=False)
+    except ResumeError:
+        raise
     except Exception as e:  # safetensors raises several types for a corrupt header/size
-        raise ResumeError(f"{ckpt / MODEL_FILE} could not be loaded into the model: {e}{DAMAGED}") from None
+        # torch's shape report spans lines: the error stays one line.
+        raise ResumeError(f"{ckpt / MODEL_FILE} could not be loaded into the model: {' '.join(str(e).split())}"
+                          f"{DAMAGED}") from None
     if missing or unexpected:
         raise ResumeError(
             f"{ckpt / MODEL_FILE} does not fit this model (missing {sorted(missing)[:3]}, "

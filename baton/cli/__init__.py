@@ -173,7 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from ..runtime import logs
 
-    rank = int(os.environ.get("RANK", 0))
+    try:
+        rank = int(os.environ.get("RANK", 0))
+    except ValueError:  # before logging is set up: said here, in the one line every user error gets
+        print(f"baton: error: the environment variable RANK={os.environ['RANK']!r} is not a rank number (torchrun "
+              "sets it for its ranks; unset it to run one process)", file=sys.stderr)
+        return 2
     logs.setup(rank)
     status = 1
     try:
@@ -204,7 +209,7 @@ def _load(args):
 
     cfg = load_config(args.config, args.overrides)
     if args.command != "config":  # the store, run and data folders: folders, apart, before any work
-        check_layout(cfg)
+        check_layout(cfg)  # (api.train and api.prepare also check that the folders they write take a write)
     return cfg
 
 

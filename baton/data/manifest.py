@@ -50,43 +50,41 @@ def parse_manifest(raw: bytes | str, where: str, fix: str = "rerun `baton prepar
         raise DataError(f"{where} lacks {', '.join(missing)}; it was not written by this baton ({fix})")
     if m["format"] != FORMAT:
         raise DataError(f"{where} has format {m['format']!r}; this baton reads {FORMAT!r}")
-    wrong = _wrong_types(m)
+    wrong = _wrong_kinds(m)
     if wrong:
-        raise DataError(f"{where} is malformed ({'; '.join(wrong[:3])}): it was edited or damaged after it was "
+        raise DataError(f"{where} is malformed: {'; '.join(wrong[:3])}; it was edited or damaged after it was "
                         f"written ({fix})")
     return m
 
 
 def _count(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    return type(v) is int and v >= 0
 
 
-def _wrong_types(m: dict[str, Any]) -> list[str]:
-    """The fields every reader indexes, of the wrong type or shape: caught here once, so that a hand-edited
-    manifest is one line naming it rather than an exception deep inside whichever command read it first."""
-    out = [f"{k} must be a count, got {m[k]!r}" for k in ("total_tokens", "n_shards") if not _count(m[k])]
-    if m["dtype"] not in ("uint16", "uint32"):
-        out.append(f"dtype must be uint16 or uint32, got {m['dtype']!r}")
-    if not isinstance(m["fingerprint"], str):
-        out.append(f"fingerprint must be a string, got {m['fingerprint']!r}")
-    tok = m["tokenizer"]
-    if not isinstance(tok, dict) or not isinstance(tok.get("sha256"), str) \
-            or not isinstance(tok.get("file", "tokenizer.json"), str):
-        out.append("tokenizer must be a record with a file name and a sha256")
-    shards = m["shards"]
-    if not isinstance(shards, list):
-        return [*out, f"shards must be a list of shard records, got {type(shards).__name__}"]
-    for i, s in enumerate(shards):
-        if not (isinstance(s, dict) and isinstance(s.get("file"), str) and isinstance(s.get("sha256"), str)
-                and _count(s.get("tokens"))):
-            out.append(f"shard record {i} must have a file name, a sha256 and a token count, got {s!r:.80}")
-            break
-    if not out:
-        names = {s["file"] for s in shards}
-        tok_name = tok.get("file", "tokenizer.json")
-        if bad_shard_names([{"file": tok_name}]) or tok_name in names or tok_name == MANIFEST:
-            out.append(f"the tokenizer's file {tok_name!r} must be a plain file name of its own in the folder")
-    return out
+def _wrong_kinds(m: dict[str, Any]) -> list[str]:
+    """The fields every reader indexes, of a kind this baton does not write: caught here once, so that a
+    hand-edited manifest is one line naming it rather than an exception deep inside whichever command read it
+    first."""
+    tok, shards = m["tokenizer"], m["shards"]
+    checks = [
+        ("shards is not a list of shard records", isinstance(shards, list) and all(
+            isinstance(x, dict) and isinstance(x.get("file"), str) and isinstance(x.get("sha256"), str)
+            and _count(x.get("tokens")) for x in shards)),
+        ("total_tokens is not a count", _count(m["total_tokens"])),
+        ("n_shards is not a count", _count(m["n_shards"])),
+        ("fingerprint is not text", isinstance(m["fingerprint"], str)),
+        (f"dtype {m['dtype']!r} is not uint16 or uint32", m["dtype"] in ("uint16", "uint32")),
+        ("tokenizer is not a record with its file, sha256, vocab_size, eos_token and eos_id", isinstance(tok, dict)
+         and isinstance(tok.get("file"), str) and isinstance(tok.get("sha256"), str)
+         and _count(tok.get("vocab_size")) and isinstance(tok.get("eos_token"), str) and _count(tok.get("eos_id"))),
+    ]
+    wrong = [what for what, ok in checks if not ok]
+    if not wrong:
+        # The tokenizer is read from the data folder by this name: it may not point outside it or at a shard.
+        name = tok["file"]
+        if bad_shard_names([{"file": name}]) or name in {x["file"] for x in shards} or name == MANIFEST:
+            wrong.append(f"the tokenizer's file {name!r} is not a plain file name of its own in the folder")
+    return wrong
 
 
 def bad_shard_names(shards: list[dict[str, Any]]) -> list[str]:

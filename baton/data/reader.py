@@ -207,6 +207,13 @@ class WindowDataset:
                 out[j] = a[lo : lo + L + 1]
             else:  # the rare window across a shard join
                 out[j] = self.stream.read(int(starts[j]), L + 1)
+        # A token the model has no embedding for would end the session in an index error deep in the model:
+        # said here, in one line (shards that match their manifest but were not written with this tokenizer).
+        if out.size and int(out.max()) >= self.vocab_size:
+            j = int(np.argmax(out.max(axis=1) >= self.vocab_size))
+            raise DataError(f"window {int(ids[j])} of {self.data_dir} holds token id {int(out[j].max())}, outside "
+                            f"the tokenizer's {self.vocab_size} tokens: the shards were not written with this "
+                            "tokenizer (rerun `baton prepare`)")
         import torch
 
         return torch.from_numpy(out)

@@ -36,7 +36,7 @@ class Checkpointer:
     """Owns the push in flight and the lineage: the newest verified checkpoint a new one continues."""
 
     def __init__(self, parts: Parts, state: TrainState, budget: TimeBudget, parent: dict[str, Any] | None,
-                 metrics_path: Path, trackers: Trackers | None = None):
+                 metrics_path: Path, trackers: Trackers | None = None, no_pointer: bool = False):
         self.parts = parts
         self.state = state
         self.budget = budget
@@ -49,6 +49,7 @@ class Checkpointer:
         # The newest verified checkpoint of this lineage: what a checkpoint saved now continues. Recorded in
         # each checkpoint so a later session can tell whether one left unpushed on disk follows the pointer.
         self.parent = parent
+        self.no_pointer = no_pointer  # the session found no pointer: until one is verified, the store holds none
         self.saved: list[dict[str, Any]] = []  # this session's checkpoints, for the run summary
         self.last_saved_step: int | None = None  # the newest one this session saved (its push may be in flight)
 
@@ -83,8 +84,8 @@ class Checkpointer:
                     result = self.collect()
             except PushFailed as e:
                 err = (e.step, str(e))
-            except ckstate.LocalSaveError as e:  # the local disk, not the store: its message says all
-                err = (None, str(e))
+            except ckstate.LocalSaveError as e:  # the local disk, not the store: nothing there changed
+                err = (None, f"{e}; {self._held()}")
             except (BatonError, OSError) as e:
                 err = (step, f"{type(e).__name__}: {e}")
         err = dist.broadcast(err)
@@ -111,14 +112,21 @@ class Checkpointer:
 
     def _push_error(self, step: int, cause: str) -> StoreError:
         p = self.parts
-        # self.parent: the last checkpoint of this run that was verified (None before the first: no pointer yet).
-        held = (f"the pointer still names the verified checkpoint at step {self.parent['step']}" if self.parent else
-                "the store holds no verified checkpoint of this run yet (no pointer was written)")
         return StoreError(
-            f"checkpoint at step {step} was not verified in {p.store.describe()} ({cause}); {held}; the local copy "
+            f"checkpoint at step {step} was not verified in {p.store.describe()} ({cause}); {self._held()}; the local copy "
             f"is kept in {p.run_dir / 'ckpt'}: fix the store's problem, then rerun the same `baton train` command, "
             "which pushes the kept copy before training on"
         )
+
+    def _held(self) -> str:
+        """What the store's pointer names after a checkpoint failed to reach it, as far as this session knows."""
+        # self.parent: the last checkpoint of this run that was verified, None before the first of a lineage.
+        if self.parent:
+            return f"the pointer still names the verified checkpoint at step {self.parent['step']}"
+        if self.no_pointer:
+            return "the store holds no verified checkpoint of this run yet (no pointer was written)"
+        # --resume PATH: the store's pointer was never read, and this failure did not move it.
+        return "the store's pointer was not moved"
 
     def collect(self) -> PushResult | None:
         """Rank 0: wait for the push in flight and book it (summary, ledger, budget); raises PushFailed."""

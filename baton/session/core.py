@@ -81,7 +81,8 @@ class Session:
             except BaseException as e:
                 self.end_ledger(f"failed: {type(e).__name__}: {e}")
                 raise
-        self.checkpointer = Checkpointer(p, self.state, self.budget, resumed.parent, self.metrics_path, self.trackers)
+        self.checkpointer = Checkpointer(p, self.state, self.budget, resumed.parent, self.metrics_path, self.trackers,
+                                         no_pointer=resumed.no_pointer)
         self._batch_rows = torch.zeros(cfg.train.global_batch, dtype=torch.float64)
         self._signals = StopSignals()
         self._signals.install()

@@ -101,9 +101,9 @@ def build(cfg: Config, stop_after: int | None, started: float, deadline: float |
             f"{micro_batch} x {world} ranks (change micro_batch or the number of ranks)"
         )
     store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
-    # The dataset before anything is written to the store: a session that cannot have its data ends here.
+    # The dataset before anything is written to the store: a session that cannot have its data (pulled, or
+    # read from data.dir: its manifest, shards and tokenizer) ends here and leaves the store as it was.
     source = _ensure_data(cfg, info, _data_drift(cfg, store, resume, allow_change))
-    ledger = _open_ledger(cfg, store, info, device, started, deadline, source)
     data = WindowDataset(cfg.data.dir, cfg.data.seq_len, cfg.data.shuffle_seed, cfg.data.val_windows)
     # Checked now, not when the final export needs it hours later.
     tok_sha256 = tokenizer_sha256(cfg.data.dir, data.manifest)
@@ -112,6 +112,7 @@ def build(cfg: Config, stop_after: int | None, started: float, deadline: float |
             f"the tokenizer in {cfg.data.dir} has {data.vocab_size} tokens but model.vocab_size is "
             f"{cfg.model.vocab_size} (raise model.vocab_size to at least {data.vocab_size})"
         )
+    ledger = _open_ledger(cfg, store, info, device, started, deadline, source)
     model = build_model(cfg.model, device, seed=cfg.train.seed)
     n_params = count_parameters(model)
     if n_params != param_count(cfg.model):

@@ -40,6 +40,7 @@ class Resumed:
     stats: Stats = field(default_factory=Stats)
     parent: dict[str, Any] | None = None  # the lineage of the verified checkpoint resumed from
     complete: dict[str, Any] | None = None  # the pointer of a run already complete: nothing to train
+    no_pointer: bool = False  # the store was read and holds no pointer of this run (--resume PATH does not read it)
 
 
 def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
@@ -55,7 +56,7 @@ def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
             )
         log.info("--resume never: starting run %r at step 0", s.run)
         _fresh_metrics(s)
-        return Resumed()
+        return Resumed(no_pointer=True)
     if mode == "auto":
         # Only rank 0 reads the store; the answer (or the error) is shared so every rank agrees.
         pointer, err, finished = None, None, None
@@ -75,7 +76,7 @@ def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
             log.info("no checkpoint pointer %s/%s in %s: starting run %r at step 0",
                      s.run, POINTER, s.store.describe(), s.run)
             _fresh_metrics(s)
-            return Resumed()
+            return Resumed(no_pointer=True)
         if pointer.get("complete") and pointer["step"] >= s.total_steps:
             return Resumed(complete=pointer)
         log.info("auto-resume: %s says step %d at %s/%s", s.store.describe(), pointer["step"], s.run,

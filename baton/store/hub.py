@@ -98,8 +98,16 @@ class HubStore:
         repo_type = query.get("type", "dataset" if typed else "model")
         if repo_type not in ("model", "dataset"):
             raise ConfigError(f"{key} type={repo_type!r}: use model or dataset")
-        return cls(repo_id, repo_type, query.get("revision", "main"), endpoint or os.environ.get("HF_ENDPOINT"), token,
-                   retry)
+        endpoint = endpoint or os.environ.get("HF_ENDPOINT")
+        if endpoint:
+            # The endpoint is named in every log line and error about the store: it must hold no secret.
+            ep = urlsplit(endpoint)
+            if ep.username or ep.password or "@" in ep.netloc:
+                raise ConfigError("the Hub endpoint (HF_ENDPOINT) must not carry credentials; set HF_TOKEN or run "
+                                  "`hf auth login` instead")
+            if ep.scheme not in ("http", "https") or not ep.netloc:
+                raise ConfigError(f"the Hub endpoint (HF_ENDPOINT) {endpoint!r} is not an http(s) URL")
+        return cls(repo_id, repo_type, query.get("revision", "main"), endpoint, token, retry)
 
     # ---------------------------------------------------------------------------------- helpers
     def describe(self) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import builtins
 import os
+import re
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -97,6 +98,10 @@ class S3Store:
                               "AWS_SECRET_ACCESS_KEY or a profile in ~/.aws instead")
         if not parts.netloc:
             raise ConfigError(f"store.url {url.split('?')[0]!r} names no bucket (use s3://bucket/prefix)")
+        # botocore's own rule, checked here so a bad name is a config error and not a failure at the first request
+        if not re.fullmatch(r"[a-zA-Z0-9.\-_]{1,255}", parts.netloc):
+            raise ConfigError(f"store.url names bucket {parts.netloc!r}, not a valid bucket name (letters, digits, "
+                              "'.', '-' and '_' only)")
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         unknown = sorted(set(query) - {"endpoint", "region", "checksum"})
         if unknown:
@@ -105,11 +110,19 @@ class S3Store:
         endpoint = query.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         if endpoint:
             ep = urlsplit(endpoint)
+            try:
+                _ = ep.port  # parsed on access: a port that is not a number raises here
+            except ValueError:
+                raise ConfigError(f"S3 endpoint {endpoint!r} has an invalid port (use http(s)://host:port)") from None
             if ep.scheme not in ("http", "https") or not ep.hostname:
                 raise ConfigError(f"S3 endpoint {endpoint!r} is not an http(s) URL")
             if ep.username or ep.password:
                 raise ConfigError("the S3 endpoint must not carry credentials; use the AWS environment variables")
-        send = query.get("checksum", "sha256") not in ("off", "0", "false", "none")
+        checksum = query.get("checksum", "sha256").lower()
+        if checksum not in ("sha256", "on", "1", "true", "off", "0", "false", "none"):
+            raise ConfigError(f"store.url checksum={query['checksum']!r}: use checksum=off to stop sending "
+                              "x-amz-checksum-sha256, or leave it out (sha256, the default)")
+        send = checksum not in ("off", "0", "false", "none")
         return cls(parts.netloc, parts.path, endpoint or None, query.get("region"), retry, send)
 
     # ---------------------------------------------------------------------------------- helpers

@@ -10,6 +10,7 @@ from baton.data.manifest import load_manifest
 from baton.data.reader import WindowDataset, prefix_collisions
 from baton.data.shards import HEADER_SIZE
 from baton.data.verify import verify_data
+from baton.errors import DataError
 
 
 @pytest.fixture
@@ -84,3 +85,19 @@ def test_windows_span_shard_boundaries(prepared_data, ds):
     row = ds.stream.read(i * 32, 33)
     whole = np.concatenate([ds.stream.shards[0][i * 32 :], ds.stream.shards[1][: 33 - (boundary - i * 32)]])
     assert np.array_equal(row, whole)
+
+
+def test_a_token_outside_the_vocabulary_is_a_data_error_not_an_index_error(prepared_data, tmp_path):
+    """Shards that match their manifest but hold a token id the tokenizer (and so the model) does not have."""
+    copy = tmp_path / "copy"
+    shutil.copytree(prepared_data, copy)
+    m = load_manifest(copy)
+    victim = copy / m["shards"][0]["file"]
+    raw = bytearray(victim.read_bytes())
+    raw[HEADER_SIZE + 2 * 40 : HEADER_SIZE + 2 * 41] = (60000).to_bytes(2, "little")  # token 40: window 1
+    victim.write_bytes(bytes(raw))
+    ds = WindowDataset(copy, 32, 7, 16)
+    assert ds.rows(np.array([0])).shape == (1, 33)  # windows without it read as before
+    with pytest.raises(DataError, match=rf"^window 1 of {copy} holds token id 60000, outside the tokenizer's "
+                                        rf"{m['tokenizer']['vocab_size']} tokens: .*rerun `baton prepare`"):
+        ds.rows(np.array([0, 1]))

@@ -122,12 +122,12 @@ def test_malformed_manifest_is_one_error_for_every_reader(case, tmp_path, prepar
     m = json.loads((folder / "manifest.json").read_text())
     MALFORMED[case](m)
     (folder / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(DataError, match="manifest.json.* is malformed .*rerun `baton prepare`"):
+    with pytest.raises(DataError, match="manifest.json.* is malformed.*rerun `baton prepare`"):
         verify_data(str(folder))
     with pytest.raises(DataError, match="manifest.json is malformed"):
         WindowDataset(folder, 32, 7, 16)
     cfg = load_config(None, [f"data.dir={tmp_path / 'fresh'}", f"data.url=file://{folder}",
                              f"store.url={tmp_path / 'store'}", f"run.local_dir={tmp_path / 'runs'}"])
-    with pytest.raises(DataError, match="manifest.json in .* is malformed .*baton publish-data"):
+    with pytest.raises(DataError, match="manifest.json in .* is malformed.*baton publish-data"):
         ensure_data(cfg)
     assert not (tmp_path / "fresh").exists() and not (tmp_path.parent / "tokenizer.json").exists()

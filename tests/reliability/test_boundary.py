@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_bad_input import TRAIN, Ctx, _truncate
+from test_bad_input import TRAIN, Ctx, _pointer, _rewrite_ckpt_file, _state, _truncate
 
 from support.boundary import assert_input_error, run_in_process, tree_hash
 
@@ -312,7 +312,85 @@ CASES: list[tuple[str, Callable[[B], list[str]], tuple[str, ...]]] = [
         lambda d: (d / "tokenizer.json").write_text("[1,"))], ("exported model folder",)),
     ("export-data-tokenizer-missing", lambda c: ["export", *_cfg(c), "--out", str(c.tmp / "o"), *c.data(
         lambda d: (d / "tokenizer.json").unlink())], ("tokenizer.json",)),
+    ("manifest-shards-text", lambda c: [*TRAIN, *_cfg(c), *c.data(lambda d: _edit_manifest(d, shards="x"))],
+     ("manifest.json is malformed: shards is not a list of shard records", "rerun `baton prepare`")),
+    ("manifest-tokenizer-text", lambda c: ["data-info", *_cfg(c), *c.data(lambda d: _edit_manifest(d, tokenizer="x"))],
+     ("manifest.json is malformed: tokenizer is not a record",)),
+    ("manifest-total-text", lambda c: ["verify-data", *_cfg(c), *c.data(lambda d: _edit_manifest(d, total_tokens="9"))],
+     ("manifest.json in", "is malformed: total_tokens is not a count")),
+    ("store-s3-port-word", lambda c: [*TRAIN, *_cfg(c), "--set", "store.url=s3://b/p?endpoint=http://127.0.0.1:abc"],
+     ("S3 endpoint 'http://127.0.0.1:abc' has an invalid port",)),
+    # /proc takes no new folder, even from root (for whom every permission bit says yes)
+    ("unwritable-run", lambda c: [*TRAIN, *_cfg(c), "--set", "run.local_dir=/proc/baton-nope"],
+     ("the run folder /proc/baton-nope/test (run.local_dir) cannot be written", "making a folder in /proc failed")),
+    ("unwritable-store", lambda c: [*TRAIN, *_cfg(c), "--set", "store.url=/proc/baton-nope"],
+     ("the store's folder /proc/baton-nope (store.url) cannot be written", "set store.url to a folder on a writable")),
+    ("unwritable-prepare", lambda c: ["prepare", *_cfg(c), "--set", "data.dir=/proc/baton-nope"],
+     ("the data folder /proc/baton-nope (data.dir) cannot be written",)),
+    ("unwritable-export", lambda c: ["export", *_cfg(c), "--out", "/proc/baton-nope"],
+     ("--out /proc/baton-nope cannot be written",)),
+    ("store-s3-checksum-word", lambda c: [*TRAIN, *_cfg(c), "--set", "store.url=s3://b/p?endpoint=http://h:1&checksum=maybe"],
+     ("store.url checksum='maybe': use checksum=off",)),
+    ("store-s3-bucket-name", lambda c: [*TRAIN, *_cfg(c), "--set", "store.url=s3://my_bucket!/p?endpoint=http://h:1"],
+     ("bucket 'my_bucket!', not a valid bucket name",)),
 ]
+
+
+# A checkpoint edited by hand with its pointer updated to match: the sha256 checks pass, the values do not.
+EDITED: list[tuple[str, Callable[[B], list[str]], tuple[str, ...]]] = [
+    ("state-cursor-text", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_state(r, cursor="x"))],
+     ("state.json is malformed: cursor is not a table", "resume from an earlier checkpoint")),
+    ("state-stats-text", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_state(r, stats="x"))],
+     ("state.json is malformed: stats is not a table",)),
+    ("state-step-text", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_state(r, step="2"))],
+     ("state.json is malformed: step is not a count",)),
+    ("state-rng-cut", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_state(
+        r, rng={**_state(r)["rng"], "ranks": [{**_state(r)["rng"]["ranks"][0], "torch": "AAAA"}]}))],
+     ("the RNG state in the checkpoint's state.json cannot be restored", "resume from an earlier checkpoint")),
+    ("weights-half", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_tensors(
+        r, "model.safetensors", lambda k, t: t.half()))], ("model.safetensors does not fit this model", "is F16")),
+    ("weights-shape", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_tensors(
+        r, "model.safetensors", lambda k, t: t[:3]))], ("model.safetensors does not fit this model",)),
+    ("moments-shape", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_tensors(
+        r, "optimizer.safetensors", lambda k, t: t[:3] if k.endswith("exp_avg") else t))],
+     ("optimizer state", "but the parameter is", "resume from an earlier checkpoint")),
+    ("moments-slot-missing", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_tensors(
+        r, "optimizer.safetensors", lambda k, t: None if k.endswith("q_proj.weight::exp_avg") else t))],
+     ("optimizer state is incomplete",)),
+    ("moments-param-missing", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_tensors(
+        r, "optimizer.safetensors", lambda k, t: None if ".layers.1." in k else t))],
+     ("optimizer state is incomplete (nothing for parameter",)),
+]
+
+
+@pytest.mark.parametrize("case", EDITED, ids=[c[0] for c in EDITED])
+def test_an_edited_checkpoint_is_refused_in_one_line_and_kept(case, base, tmp_path, capsys):
+    """Refused before any step, and the checkpoint and pointer stay as they are (the ledger records the
+    failed session, as for every session)."""
+    argv = case[1](B(base, tmp_path))
+    run = tmp_path / "store" / "test"
+    before = (tree_hash(run / "ckpt"), (run / "latest.json").read_bytes())
+    assert_input_error(run_in_process(argv, capsys), *case[2])
+    assert (tree_hash(run / "ckpt"), (run / "latest.json").read_bytes()) == before
+
+
+def _edit_manifest(data: Path, **values) -> None:
+    m = json.loads((data / "manifest.json").read_text())
+    (data / "manifest.json").write_text(json.dumps({**m, **values}))
+
+
+def _edit_state(run: Path, **values) -> None:
+    _rewrite_ckpt_file(run, "state.json", json.dumps({**_state(run), **values}).encode())
+
+
+def _edit_tensors(run: Path, name: str, change: Callable) -> None:
+    """Each tensor of a checkpoint file through ``change(key, tensor)`` (None drops it)."""
+    from safetensors.torch import load_file, save_file
+
+    path = run / _pointer(run)["path"] / name
+    changed = {k: change(k, t) for k, t in load_file(str(path)).items()}
+    save_file({k: t.contiguous() for k, t in changed.items() if t is not None}, str(path))
+    _rewrite_ckpt_file(run, name, path.read_bytes())
 
 
 def _symlink(link: Path, target: Path) -> Path:
@@ -342,6 +420,24 @@ def test_bad_input_one_line_exit_2_store_untouched(case, base, exported, tmp_pat
     assert_input_error(o, *expect)
     assert tree_hash(base / "store") == before
     assert tree_hash(tmp_path / "store") == own
+
+
+def test_a_rank_variable_that_is_not_a_number_is_one_line(monkeypatch, base, capsys):
+    monkeypatch.setenv("RANK", "abc")
+    assert_input_error(run_in_process(["status", *_cfg(B(base, base))], capsys),
+                       "the environment variable RANK='abc' is not a rank number", "unset it")
+
+
+@pytest.mark.parametrize("endpoint, expect", [
+    ("http://user:sekrit-pw@127.0.0.1:1", "the Hub endpoint (HF_ENDPOINT) must not carry credentials; set HF_TOKEN"),
+    ("localhost:8080", "the Hub endpoint (HF_ENDPOINT) 'localhost:8080' is not an http(s) URL"),
+])
+def test_a_hub_endpoint_with_credentials_or_no_scheme_is_refused(endpoint, expect, monkeypatch, base, tmp_path, capsys):
+    """HF_ENDPOINT is named in every line about the store, so a password in it would be printed everywhere."""
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    o = run_in_process([*TRAIN, *_cfg(B(base, tmp_path)), "--set", "store.url=hf://owner/repo"], capsys)
+    assert_input_error(o, expect)
+    assert "sekrit-pw" not in o.stdout + o.stderr
 
 
 def test_a_bug_is_exit_1_with_the_log_path_and_no_traceback_on_the_terminal(monkeypatch, tmp_path, capsys):

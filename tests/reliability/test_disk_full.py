@@ -93,7 +93,7 @@ def test_a_full_local_disk_stops_cleanly_and_keeps_the_baton(where, zygote, fake
     errors = [line for line in stderr.splitlines() if line.startswith("baton: error:")]
     assert errors == [f"baton: error: no space left on the disk of {runs / 'test' / 'ckpt'} to write checkpoint "
                       "step-6 (free space there, or set run.local_dir to a larger disk, then resume); nothing was "
-                      "pushed and the pointer still names the previous verified checkpoint"]
+                      "pushed; the pointer still names the verified checkpoint at step 4"]
     assert left == [], "the half-written checkpoint must be removed to give the space back"
     # The baton is untouched: the same pointer, the same verified checkpoint, byte for byte.
     assert (store / "test" / "latest.json").read_bytes() == pointer_before
@@ -105,6 +105,39 @@ def test_a_full_local_disk_stops_cleanly_and_keeps_the_baton(where, zygote, fake
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed at step 4" in again.stderr
     assert json.loads((store / "test" / "latest.json").read_text())["step"] == 6
+
+
+def _local_save_fails(runs: Path, step: int) -> None:
+    """The local save of checkpoint ``step`` will fail: a file stands where its half-written folder goes."""
+    (runs / "test" / "ckpt").mkdir(parents=True, exist_ok=True)
+    (runs / "test" / "ckpt" / f"step-{step}.partial").write_text("in the way")
+
+
+@pytest.mark.parametrize("start", ["fresh", "resume-path"])
+def test_a_failed_local_save_says_what_the_pointer_names(start, make_config, tmp_path, capsys):
+    """Before any pointer exists, and after --resume PATH (which never reads the pointer), a local save that
+    fails must not claim that the pointer names a previous verified checkpoint."""
+    from support.boundary import assert_input_error, run_in_process
+
+    cfg, store, runs = make_config(), tmp_path / "store", tmp_path / "runs"
+    argv = ["train", "-c", str(cfg), "--no-progress"]
+    if start == "fresh":
+        held = "the store holds no verified checkpoint of this run yet (no pointer was written)"
+    else:
+        assert run_in_process(argv + ["--stop-after-steps", "1"], capsys).status == 0
+        shutil.copytree(store / "test" / "ckpt" / "step-1", tmp_path / "copy")
+        argv += ["--resume", str(tmp_path / "copy")]
+        held = "the store's pointer was not moved"
+    pointer = (store / "test" / "latest.json").read_bytes() if start != "fresh" else None
+    _local_save_fails(runs, 2)
+    line = assert_input_error(run_in_process(argv + ["--stop-after-steps", "2"], capsys))
+    assert line == (f"baton: error: could not write checkpoint step-2 to {runs / 'test' / 'ckpt'}: File exists (check "
+                    f"that run.local_dir is writable, then resume); nothing was pushed; {held}"), line
+    assert "previous" not in line
+    if pointer is None:
+        assert not (store / "test" / "latest.json").exists()
+    else:
+        assert (store / "test" / "latest.json").read_bytes() == pointer
 
 
 def test_a_resume_that_cannot_fit_on_the_local_disk_says_so_before_downloading(zygote, fake_env, make_config,

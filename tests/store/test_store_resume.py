@@ -10,6 +10,7 @@ import pytest
 
 from baton.checkpoint.cycle import POINTER, push_checkpoint
 from baton.checkpoint.pull import pull_checkpoint, read_pointer
+from baton.checkpoint.state import REQUIRED
 from baton.errors import ResumeError
 
 FILES = {"model.safetensors": 150_000, "optimizer.safetensors": 120_000, "state.json": 80}
@@ -51,6 +52,16 @@ MALFORMED = [
     ('{"run": "run", "step": -1, "path": "ckpt/step-3", "files": {"a": {}}, "cursor": {}}', "invalid step"),
     ('{"run": "run", "step": 3, "path": "ckpt/step-3", "files": {"model.safetensors": {"size": 1, "sha256": "0"}},'
      ' "cursor": {}}', "without optimizer.safetensors"),
+    *[(json.dumps({"run": "run", "step": 3, "path": "ckpt/step-3", "cursor": {},
+                   "files": {n: {"size": 1, "sha256": "0" * 64} for n in REQUIRED} | change}), match) for change, match in [
+        ({"model.safetensors": {"size": "1", "sha256": "0" * 64}}, "with size '1' and sha256 '0000"),
+        ({"model.safetensors": {"size": -1, "sha256": "0" * 64}}, "not a byte count and a sha256 hex digest"),
+        ({"state.json": {"size": 1, "sha256": 7}}, "'state.json' with size 1 and sha256 7"),
+    ]],
+    ('{"run": "run", "step": true, "path": "ckpt/step-1", "files": {"a": {}}, "cursor": {}}', "invalid step True"),
+    ('{"run": "run", "step": 3, "path": "ckpt/step-4", "files": {"a": {}}, "cursor": {}}',
+     "says step 3 but names 'ckpt/step-4'"),
+    ('{"run": "run", "step": 3, "path": "ckpt/step-3", "files": {"a": {}}, "cursor": "x"}', "cursor that is not a table"),
 ]
 
 
