@@ -104,6 +104,8 @@ def run_bench(args, cfg: Config) -> int:
         raise BatonError("--ranks, --steps, --seq and --micro must be >= 1 and --warmup >= 0")
     tps = parse_count(args.tokens_per_step, "--tokens-per-step") if args.tokens_per_step else \
         cfg.tokens_per_step // args.ranks
+    if tps < 1:
+        raise BatonError(f"tokens per step per rank is {tps}: give --tokens-per-step of at least 1 (per rank)")
     cap = bench.parse_size(args.mem_cap) if args.mem_cap else None
     target = cfg.train.target_tokens or cfg.total_steps * cfg.tokens_per_step
     from ..guard import output_dir
@@ -157,10 +159,16 @@ def run_plan(args, cfg: Config | None) -> int:
     measured, msrc = None, ""
     if args.measured_rate:
         measured, msrc = float(parse_count(args.measured_rate, "--measured-rate")), "given"
+        if measured <= 0:
+            raise BatonError(f"--measured-rate {args.measured_rate!r} must be > 0 tok/s: the rate a session measured")
     elif wires:
         measured, msrc = L.measured_rate(records)
+    # Without a config the run's ranks are --ranks, default 1, as for the bill factor: with --seq-len that is
+    # enough to check that a micro-batch switch keeps the tokens per step.
+    ranks = args.ranks if cfg else (args.ranks or 1)
     results = evaluate_tripwires(wires, measured, inp.tokens_per_step, cfg.train.global_batch if cfg else None,
-                                 cfg.data.seq_len if cfg else args.seq_len, args.ranks) if measured else []
+                                 cfg.data.seq_len if cfg else args.seq_len, ranks,
+                                 inp.total_steps) if measured else []
     fired_plan = None
     if any(r.fired for r in results):
         fired_input = apply_tripwires(inp, results)

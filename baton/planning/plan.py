@@ -19,6 +19,9 @@ from typing import Any
 from ..errors import BatonError
 
 HOUR = 3600.0
+# More sessions than this is a horizon or a rate off by orders of magnitude (1e12 steps, 5 tok/s), not a plan:
+# refused in one line instead of building, calendaring and printing millions of rows.
+MAX_SESSIONS = 100_000
 
 
 # --------------------------------------------------------------------------------------- parsing
@@ -186,6 +189,10 @@ def split(inp: PlanInput, a: int, b: int) -> list[tuple[int, int]]:
             f"({inp.step_seconds:.1f} s) plus startup and a checkpoint cycle: lengthen the session or shrink "
             "the margin")
     n = math.ceil(remaining / cap)
+    if n > MAX_SESSIONS:
+        raise BatonError(
+            f"the plan needs {n:,} sessions ({remaining:,} steps at {inp.step_seconds:.3g} s/step, at most {cap:,} "
+            f"per session), more than {MAX_SESSIONS:,}: check the horizon (--steps, --target-tokens) and the rate")
     while True:
         base, rest = divmod(remaining, n)
         tail = [base] * (n - 1) + [base + rest]
@@ -302,9 +309,13 @@ def plan(inp: PlanInput) -> Plan:
     t = inp.start
     used = inp.used_hours
     period_end = quota.period_end(t) if quota else None
+    waited = False  # the next session starts at a quota reset, not when the previous one ended
     while pending:
+        if len(sessions) >= MAX_SESSIONS:
+            raise BatonError(f"the plan needs more than {MAX_SESSIONS:,} sessions under a quota of {inp.quota_hours:g} h "
+                             "per period: check the horizon, the rate and the quota")
         a, b = pending[0]
-        note = ""
+        note = "waits for the quota reset" if waited else ""
         if quota:
             assert period_end is not None  # set together with the quota
             if t >= period_end:  # a new period began while waiting or working
@@ -314,7 +325,8 @@ def plan(inp: PlanInput) -> Plan:
             if need > left_s:
                 fit = capacity(inp, a, min(left_s, inp.usable_seconds))
                 if fit > 0 and left_s >= inp.min_session_hours * HOUR:
-                    b, note = a + fit, "shortened to the quota left in this period"
+                    b = a + fit
+                    note = "; ".join(filter(None, [note, "shortened to the quota left in this period"]))
                     pending = [(a, b)] + split(inp, b, inp.total_steps)
                 elif used == 0:  # a whole period's quota and still nothing fits: waiting cannot help
                     raise BatonError(
@@ -322,6 +334,7 @@ def plan(inp: PlanInput) -> Plan:
                         f"{inp.min_session_hours:g} h with one step and a checkpoint cycle")
                 else:
                     t, used, period_end = period_end, 0.0, period_end + quota.period
+                    waited = True
                     continue  # wait for the reset, then try the same range again
         seconds = session_seconds(inp, a, b)
         billed = seconds / HOUR * inp.bill_factor
@@ -336,6 +349,7 @@ def plan(inp: PlanInput) -> Plan:
         else:
             used += billed
         pending.pop(0)
+        waited = False
         t = end + timedelta(hours=inp.gap_hours)
     total = sum(s.billed_hours for s in sessions)
     if inp.cap_left_hours is not None and total > inp.cap_left_hours:

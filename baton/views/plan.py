@@ -39,7 +39,7 @@ def plan_options(p) -> None:
     g.add_argument("--quota-period-days", type=finite_float(0.0, lo_open=True), default=None)
     g.add_argument("--used-hours", default=None, metavar="H", help="billed in this period already")
     g.add_argument("--cap-hours", default=None, metavar="H", help="a cap on the run's billed hours")
-    g.add_argument("--bill-factor", type=finite_float(0.0), default=None,
+    g.add_argument("--bill-factor", type=finite_float(0.0, lo_open=True), default=None,
                    help="billed hours per wall-clock hour (default: budget.bill_factor, else one per rank)")
     g.add_argument("--start", default=None, metavar="TIME", help="when the first session starts (default now)")
     g.add_argument("--deadline", default=None, metavar="TIME", help="warn when the plan ends after this")

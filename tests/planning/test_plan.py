@@ -237,3 +237,52 @@ def test_plan_command_reference(baton_cli):
     assert "1,000,000,000 tokens at 7,732 tok/s = 35.9 h" in text
     bad = baton_cli("plan", "--target-tokens", "1e9", "--tokens-per-step", "262144", "--session-hours", "9")
     assert bad.returncode == 2 and bad.stderr.startswith("baton: error: plan needs a rate")
+
+
+def test_edge_inputs_are_one_line_errors_naming_the_fix(capsys, tmp_path, monkeypatch):
+    """What a new user mistypes: a horizon off by orders of magnitude, a zero bill factor or measured rate,
+    a tripwire at 0 tok/s. Each is one `baton: error:` line (exit 2), never a traceback or a silent default."""
+    from support.boundary import assert_input_error, run_in_process
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    base = ["plan", "--tokens-per-step", "1000", "--rate", "100", "--session-hours", "2"]
+    for extra, expect in [
+        (["--steps", "1e30"], "more than 100,000"),
+        (["--steps", "1e9", "--quota-hours", "0.5"], "more than 100,000"),
+        (["--steps", "100", "--bill-factor", "0"], "--bill-factor: must be > 0"),
+        (["--steps", "100", "--tripwire", "0: target=1B", "--measured-rate", "50"], "rate must be > 0"),
+        (["--steps", "100", "--tripwire", "200: steps=50", "--measured-rate", "0"], "--measured-rate '0' must be > 0"),
+    ]:
+        assert_input_error(run_in_process(base + extra, capsys), expect)
+
+
+def test_a_session_after_a_spent_quota_says_it_waits_for_the_reset():
+    p = plan(reference_input(quota_hours=30.0, quota_reset=T0, used_hours=30.0))
+    first = p.sessions[0]
+    assert first.start == T0 + timedelta(days=7) and first.note == "waits for the quota reset"
+    assert all(s.note == "" for s in p.sessions[1:])
+
+
+def test_tripwires_that_cannot_do_what_they_say_are_named_and_not_applied():
+    # Without a config: one rank (the bill factor's default) and --seq-len are enough to check a switch.
+    bad = evaluate_tripwires([parse_tripwire("7400: micro=7, accum=16")], 7_000, TPS, seq_len=2048, ranks=1)
+    assert bad[0].problem == "micro x accum x ranks x seq_len = 229,376 tokens per step, not 262,144"
+    # "Cut the target" to more than the plan trains cuts nothing, and the plan after the tripwires stays.
+    inp = reference_input()
+    r = evaluate_tripwires([parse_tripwire("5150: target=2B"), parse_tripwire("5150: steps=4000")], 5_000, TPS,
+                           total_steps=inp.total_steps)
+    assert [x.fired for x in r] == [True, True]
+    assert "7,629 steps, not below the planned 3,814" in r[0].problem and "not below the planned" in r[1].problem
+    assert apply_tripwires(inp, r).total_steps == inp.total_steps
+
+
+def test_plan_without_a_config_checks_a_micro_batch_switch(capsys, tmp_path, monkeypatch):
+    from support.boundary import run_in_process
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    o = run_in_process(["plan", "--target-tokens", "1e9", "--tokens-per-step", "262144", "--rate", "9696",
+                        "--session-hours", "9", "--tripwire", "7400: micro=7, accum=16", "--measured-rate", "7300",
+                        "--seq-len", "2048", "--json"], capsys)
+    assert o.status == 0, o.stderr
+    (wire,) = json.loads(o.stdout)["tripwires"]
+    assert wire["fired"] and wire["problem"] == "micro x accum x ranks x seq_len = 229,376 tokens per step, not 262,144"
