@@ -167,3 +167,24 @@ def test_launch_passes_the_launchers_clock_to_every_rank(make_config):
     assert rank_cfg.to_dict() == cfg.to_dict()
     assert session_clock(rank_cfg, a.session_start, a.session_hours, a.deadline) == (
         started, pytest.approx(deadline, abs=1e-5))
+
+
+def test_a_budget_that_cannot_train_a_step_is_refused_before_the_session(make_config):
+    """--session-hours 0 used to mean no budget at all, and a deadline already past (often a time zone left
+    out) started a session that billed only to stop at step 0. Both are one line now; a launched rank, whose
+    clock the launcher checked, is not refused."""
+    from baton.config import load_config
+    from baton.errors import BatonError
+    from baton.session.clock import session_clock
+
+    cfg = load_config(make_config())
+    for hours, deadline, expect in [(0, None, "--session-hours must be > 0"),
+                                    ("0", None, "--session-hours must be > 0"),
+                                    (None, "2020-01-01T00:00Z", "2020-01-01T00:00:00Z, already past"),
+                                    ("0.01", None, "too soon: nothing can train before the 5 min margin")]:
+        with pytest.raises(BatonError, match=expect):
+            session_clock(cfg, None, hours, deadline)
+    assert session_clock(cfg, 1.0, None, "2020-01-01T00:00Z") == (1.0, 1577836800.0)
+    now = time.time()
+    started, stop_at = session_clock(cfg, None, None, "2099-01-01T01:00+01:00")
+    assert started <= now and stop_at == 4070908800.0
