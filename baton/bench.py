@@ -255,6 +255,8 @@ def run_grid(cfg: Config, attns: list[str], seqs: list[int], micros: list[int], 
              compiles: list[bool], tokens_per_step: int, device: torch.device, warmup: int = 2, steps: int = 5,
              cap: int | None = None, target_tokens: int = 0, ranks: int = 1, progress=None) -> list[Cell]:
     cells = [Cell(a, s, m, c, k) for a in attns for s in seqs for m in micros for c in ckpts for k in compiles]
+    if cfg.train.threads:  # the threads `baton train` would use: the rate is the run's, whichever command measures it
+        torch.set_num_threads(cfg.train.threads)
     for cell in cells:
         run_cell(cfg, cell, tokens_per_step, device, warmup, steps, cap, target_tokens, ranks)
         if progress:

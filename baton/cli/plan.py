@@ -83,8 +83,6 @@ def run_bench(args, cfg: Config) -> int:
     from ..runtime.device import pick_device
 
     device = pick_device(cfg.train.device)
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
     attns = args.attn.split(",") if args.attn else ["eager", "sdpa"] + (
         ["flash_attention_2"] if bench.flash_available(device) else [])
     from ..config import ATTN_IMPLS
