@@ -112,3 +112,17 @@ def test_storage_stage_at_the_reference_checkpoint_size_on_cpu(baton_cli, tmp_pa
     assert doc["stages"]["construct"]["numbers"]["params_built"] == 106_194_240
     assert doc["stages"]["data"]["status"] == "not proven"
     assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_the_throughput_stage_measures_an_auto_micro_batch(make_config, tmp_path):
+    """micro_batch = "auto" (the config's choice on a GPU) made the stage fail with a TypeError; it now
+    measures what `baton train` would pick on this device (on CPU: 4 of a global batch of 8) and half of it."""
+    from baton.preflight.core import Context
+    from baton.preflight.legs import stage_throughput
+
+    ctx = Context(str(make_config()), ['train.micro_batch="auto"'], "real", tmp_path / "pf", str(tmp_path / "store"),
+                  leg_steps=2, session_hours=12.0)
+    r = stage_throughput(ctx)
+    assert r.status == "pass" and not r.error, (r.error, r.checks)
+    assert [c["label"] for c in r.numbers["cells"]] == ["sdpa s32 m2x4", "sdpa s32 m4x2"]
+    assert r.numbers["plan"]["sessions"][-1]["stop_after_steps"] == 20
