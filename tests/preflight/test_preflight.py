@@ -126,3 +126,17 @@ def test_the_throughput_stage_measures_an_auto_micro_batch(make_config, tmp_path
     assert r.status == "pass" and not r.error, (r.error, r.checks)
     assert [c["label"] for c in r.numbers["cells"]] == ["sdpa s32 m2x4", "sdpa s32 m4x2"]
     assert r.numbers["plan"]["sessions"][-1]["stop_after_steps"] == 20
+
+
+def test_the_plan_section_says_a_stand_in_s_eta_is_not_the_configured_model_s():
+    """At --scale tiny the rate is the stand-in's: the report's plan said "0.0 GPU-hours" for the configured
+    horizon as if measured. It now gives the hours it computed and says plainly they are not proven."""
+    from baton.planning.plan import PlanInput, plan
+    from baton.preflight.report import _plan_section
+
+    p = plan(PlanInput(total_steps=20, tokens_per_step=256, rate=200.0, session_hours=12.0)).to_dict()
+    tp = {"numbers": {"plan": p, "picked": "sdpa s32 m4x2"}}
+    tiny = "\n".join(_plan_section(tp, "tiny"))
+    assert "**0.0071 h** of stepping" in tiny and "**0.0071 GPU-hours** billed" in tiny
+    assert "Not the configured model's ETA" in tiny and "not proven for the configured shape" in tiny
+    assert "Not the configured model's ETA" not in "\n".join(_plan_section(tp, "real"))
