@@ -103,6 +103,8 @@ def plan_input(args, cfg: Config | None) -> tuple[PlanInput, dict[str, str], lis
                              "holds a measured session")
         rate = measured
     hours = parse_hours(args.session_hours, "--session-hours") if args.session_hours else (b.session_hours if b else 0)
+    if args.session_hours and not hours:
+        raise BatonError(f"--session-hours must be > 0, got {args.session_hours!r}: the platform's session limit")
     if not hours:
         raise BatonError("plan needs --session-hours (or budget.session_hours in the config)")
     margin = parse_margin(args.margin, hours) if args.margin else ((b.margin_minutes / 60) if b else 0.0)

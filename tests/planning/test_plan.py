@@ -250,6 +250,7 @@ def test_edge_inputs_are_one_line_errors_naming_the_fix(capsys, tmp_path, monkey
         (["--steps", "1e30"], "more than 100,000"),
         (["--steps", "1e9", "--quota-hours", "0.5"], "more than 100,000"),
         (["--steps", "100", "--bill-factor", "0"], "--bill-factor: must be > 0"),
+        (["--steps", "100", "--session-hours", "0"], "--session-hours must be > 0, got '0'"),
         (["--steps", "100", "--tripwire", "0: target=1B", "--measured-rate", "50"], "rate must be > 0"),
         (["--steps", "100", "--tripwire", "200: steps=50", "--measured-rate", "0"], "--measured-rate '0' must be > 0"),
     ]:
