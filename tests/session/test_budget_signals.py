@@ -181,7 +181,8 @@ def test_a_budget_that_cannot_train_a_step_is_refused_before_the_session(make_co
     for hours, deadline, expect in [(0, None, "--session-hours must be > 0"),
                                     ("0", None, "--session-hours must be > 0"),
                                     (None, "2020-01-01T00:00Z", "2020-01-01T00:00:00Z, already past"),
-                                    ("0.01", None, "too soon: nothing can train before the 5 min margin")]:
+                                    # counted from this (long-lived) process's start: too soon, or already past
+                                    ("0.01", None, "nothing can train before the 5 min margin")]:
         with pytest.raises(BatonError, match=expect):
             session_clock(cfg, None, hours, deadline)
     assert session_clock(cfg, 1.0, None, "2020-01-01T00:00Z") == (1.0, 1577836800.0)
