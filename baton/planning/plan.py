@@ -301,9 +301,12 @@ def plan(inp: PlanInput) -> Plan:
     quota = None
     if inp.quota_hours > 0:
         quota = Quota(inp.quota_hours, timedelta(hours=inp.quota_period_hours), inp.quota_reset or inp.start)
-        if inp.used_hours > inp.quota_hours:
-            raise BatonError(f"{inp.used_hours:.2f} h used is more than the quota of {inp.quota_hours:g} h")
     warnings: list[str] = []
+    if quota and inp.used_hours > inp.quota_hours:
+        # A session that ran on past the quota (platforms let a running one finish) leaves the period
+        # overdrawn: nothing more fits before the reset, which is where the plan starts.
+        warnings.append(f"{inp.used_hours:.2f} h used is more than the quota of {inp.quota_hours:g} h: the plan "
+                        f"starts at the next reset, {iso(quota.period_end(inp.start))}")
     pending = split(inp, inp.start_step, inp.total_steps)
     sessions: list[SessionPlan] = []
     t = inp.start

@@ -261,7 +261,12 @@ def test_a_session_after_a_spent_quota_says_it_waits_for_the_reset():
     p = plan(reference_input(quota_hours=30.0, quota_reset=T0, used_hours=30.0))
     first = p.sessions[0]
     assert first.start == T0 + timedelta(days=7) and first.note == "waits for the quota reset"
-    assert all(s.note == "" for s in p.sessions[1:])
+    assert all(s.note == "" for s in p.sessions[1:]) and p.warnings == []
+    # Overdrawn (a session ran on past the quota, as the ledger records it): a plan from the reset, not an error.
+    over = plan(reference_input(quota_hours=30.0, quota_reset=T0, used_hours=31.5))
+    assert [(s.start, s.stop_after_steps) for s in over.sessions] == [(s.start, s.stop_after_steps) for s in p.sessions]
+    assert over.warnings == ["31.50 h used is more than the quota of 30 h: the plan starts at the next reset, "
+                             "2026-09-27T06:00Z"]
 
 
 def test_tripwires_that_cannot_do_what_they_say_are_named_and_not_applied():
