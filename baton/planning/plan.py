@@ -86,6 +86,11 @@ def parse_instant(text: str, what: str = "time") -> datetime:
     return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
+def _hours(h: float) -> str:
+    """Tenths of an hour, three digits below one: a warning about minutes does not say "0.0 h"."""
+    return f"{h:,.1f}" if abs(h) >= 1 else f"{h:.3g}"
+
+
 def iso(t: datetime) -> str:
     return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
 
@@ -356,7 +361,9 @@ def plan(inp: PlanInput) -> Plan:
         t = end + timedelta(hours=inp.gap_hours)
     total = sum(s.billed_hours for s in sessions)
     if inp.cap_left_hours is not None and total > inp.cap_left_hours:
-        warnings.append(f"the plan bills {total:.1f} h but the cap leaves {inp.cap_left_hours:.1f} h")
+        left = inp.cap_left_hours
+        warnings.append(f"the plan bills {_hours(total)} h but " + (f"the cap leaves {_hours(left)} h" if left > 0
+                        else f"the cap is already spent ({_hours(-left)} h over)"))
     if inp.deadline is not None and sessions and sessions[-1].end > inp.deadline:
         warnings.append(f"the plan ends {iso(sessions[-1].end)}, after the deadline {iso(inp.deadline)}")
     return Plan(inp, sessions, warnings)

@@ -188,7 +188,7 @@ def format_plan(p, src: dict[str, str]) -> str:
         + (f"; planning from step {i.start_step:,} ({src.get('start_step', 'given')})" if i.start_step else ""),
         f"rate: {i.rate:,.0f} tok/s ({src.get('rate', 'given')}) = {i.step_seconds:.2f} s/step",
         f"{target:,} tokens at {i.rate:,.0f} tok/s = {p.target_hours:.1f} h; the steps left take "
-        f"{p.stepping_hours:.1f} h of stepping",
+        f"{_h(p.stepping_hours)} h of stepping",
         f"sessions of {i.session_hours:g} h with {_h(i.margin_hours)} h margin = {_h(i.usable_seconds / HOUR)} h "
         f"usable; checkpoint cycle {i.ckpt_seconds:g} s ({src.get('ckpt', 'given')})"
         + (f" every {i.ckpt_every} steps" if i.ckpt_every else " at session ends")

@@ -292,3 +292,10 @@ def test_plan_without_a_config_checks_a_micro_batch_switch(capsys, tmp_path, mon
     assert o.status == 0, o.stderr
     (wire,) = json.loads(o.stdout)["tripwires"]
     assert wire["fired"] and wire["problem"] == "micro x accum x ranks x seq_len = 229,376 tokens per step, not 262,144"
+
+
+def test_cap_warnings_say_what_is_left_or_that_it_is_spent():
+    p = plan(reference_input(cap_left_hours=10.0))
+    assert p.warnings == [f"the plan bills {p.billed_hours:,.1f} h but the cap leaves 10.0 h"]
+    spent = plan(reference_input(total_steps=10, cap_left_hours=-0.0299))
+    assert spent.warnings == [f"the plan bills {spent.billed_hours:.3g} h but the cap is already spent (0.0299 h over)"]
