@@ -131,7 +131,8 @@ def session_clock(cfg: Config, session_start: float | None, session_hours: float
         raise BatonError(
             f"the time budget ends {when}, {'already past' if stop_at <= time.time() else 'too soon'}: nothing can "
             f"train before the {margin / 60:g} min margin (budget.margin_minutes); give a later --deadline "
-            "(ISO 8601 with its zone, e.g. 2026-09-26T18:00+02:00) or a longer --session-hours")
+            "(ISO 8601 with its zone, e.g. 2026-09-26T18:00+02:00) or a longer --session-hours "
+            "(budget.session_hours)")
     return started, stop_at
 
 
