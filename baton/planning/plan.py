@@ -320,8 +320,8 @@ def plan(inp: PlanInput) -> Plan:
     waited = False  # the next session starts at a quota reset, not when the previous one ended
     while pending:
         if len(sessions) >= MAX_SESSIONS:
-            raise BatonError(f"the plan needs more than {MAX_SESSIONS:,} sessions under a quota of {inp.quota_hours:g} h "
-                             "per period: check the horizon, the rate and the quota")
+            raise BatonError(f"the plan needs more than {MAX_SESSIONS:,} sessions under a quota of "
+                             f"{inp.quota_hours:g} h per period: check the horizon, the rate and the quota")
         a, b = pending[0]
         note = "waits for the quota reset" if waited else ""
         if quota:

@@ -90,8 +90,8 @@ def evaluate_tripwires(wires: list[Tripwire], measured_rate: float, tokens_per_s
             overrides.append(f"train.target_tokens={w.target_tokens}")
             overrides.append("train.steps=0")
             if total_steps is not None and w.target_tokens // tokens_per_step >= total_steps:
-                problems.append(f"a target of {w.target_tokens:,} tokens is {w.target_tokens // tokens_per_step:,} steps, "
-                           f"not below the planned {total_steps:,}: it cuts nothing")
+                problems.append(f"a target of {w.target_tokens:,} tokens is {w.target_tokens // tokens_per_step:,} "
+                                f"steps, not below the planned {total_steps:,}: it cuts nothing")
         if w.steps is not None:
             overrides.append(f"train.steps={w.steps}")
             if total_steps is not None and w.steps >= total_steps:
