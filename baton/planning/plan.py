@@ -191,8 +191,8 @@ def split(inp: PlanInput, a: int, b: int) -> list[tuple[int, int]]:
     if cap == 0:
         raise BatonError(
             f"a session of {inp.session_hours:g} h minus {inp.margin_hours:g} h margin cannot fit one step "
-            f"({inp.step_seconds:.1f} s) plus startup and a checkpoint cycle: lengthen the session or shrink "
-            "the margin")
+            f"({inp.step_seconds:.1f} s) plus {inp.startup_seconds / 60:g} min of startup and a {inp.ckpt_seconds:g} s "
+            "checkpoint cycle: lengthen the session, or shrink the margin, the startup or the checkpoint time")
     n = math.ceil(remaining / cap)
     if n > MAX_SESSIONS:
         raise BatonError(
