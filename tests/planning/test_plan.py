@@ -212,6 +212,8 @@ def test_parsers():
 def test_impossible_inputs_are_refused():
     with pytest.raises(BatonError, match="cannot fit one step"):
         plan(reference_input(session_hours=0.01, margin_hours=0.0))
+    with pytest.raises(BatonError, match="780 min of startup and a 16.5 s checkpoint cycle: .* the startup"):
+        plan(reference_input(startup_seconds=13 * HOUR))
     with pytest.raises(BatonError, match="margin"):
         plan(reference_input(margin_hours=9.0))
     with pytest.raises(BatonError, match="rate"):
