@@ -88,13 +88,21 @@ def scorecard_table(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def proven_line(rows: list[dict[str, Any]]) -> str:
+    """How much of the scorecard a verdict covers: a PASS of a few stages is not a PASS of all of them."""
+    n = {k: sum(1 for r in rows if r["result"] == k) for k in ("pass", "fail", "not proven")}
+    return f"{n['pass']} of {len(rows)} requirements proven" + (f", {n['fail']} failed" if n["fail"] else "") + (
+        f", {n['not proven']} not proven" if n["not proven"] else "")
+
+
 def render(doc: dict[str, Any]) -> str:
     st = doc["stages"]
     m = doc["machine"]
     lines = [
         f"# Preflight report: `{doc['config']}` at scale {doc['scale']}",
         "",
-        f"**{'VERDICT PASS' if doc['verdict'] == 'PASS' else 'VERDICT FAIL'}** — {doc['created']}, "
+        f"**{'VERDICT PASS' if doc['verdict'] == 'PASS' else 'VERDICT FAIL'}** ({proven_line(doc['scorecard'])}) — "
+        f"{doc['created']}, "
         f"{doc['seconds']:.0f} s on {m['platform']}, {m['cpus']} CPUs, GPUs: {', '.join(m['gpus']) or 'none'}; "
         f"baton {doc['versions']['baton']}, torch {doc['versions']['torch']}, transformers "
         f"{doc['versions']['transformers']}, git {doc['versions'].get('git_rev') or 'n/a'}. Store: {doc['store']}.",

@@ -104,6 +104,9 @@ def test_storage_stage_at_the_reference_checkpoint_size_on_cpu(baton_cli, tmp_pa
     doc = json.loads((out / "preflight.json").read_text())
     storage = doc["stages"]["storage"]
     assert storage["status"] == "pass", storage
+    # A PASS of two stages says how little it covers, in the report and on the terminal.
+    assert "**VERDICT PASS** (5 of 14 requirements proven, 9 not proven)" in (out / "report.md").read_text()
+    assert "VERDICT PASS  (5 of 14 requirements proven, 9 not proven; report:" in p.stdout
     n = storage["numbers"]
     # fp32 weights + Adam m and v of 106,194,240 parameters: about 1.27 GB
     assert 1.27e9 < n["checkpoint_bytes"] < 1.28e9
