@@ -116,6 +116,9 @@ def test_bad_caps_and_tokens_per_step_are_one_line_errors(make_config, capsys, t
     o = run_in_process(["bench", "-c", cfg, "--attn", "sdpa", "--tokens-per-step", "0", "--out", str(tmp_path / "b")],
                        capsys)
     assert_input_error(o, "give --tokens-per-step of at least 1")
+    # 256 tokens per step over 3 ranks used to floor to 85 per rank: every cell skipped, "no cell ran within the cap".
+    o = run_in_process(["bench", "-c", cfg, "--attn", "sdpa", "--ranks", "3", "--out", str(tmp_path / "b")], capsys)
+    assert_input_error(o, "256 tokens per step do not split over --ranks 3")
     assert not (tmp_path / "b").exists()
 
 

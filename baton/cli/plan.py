@@ -100,6 +100,9 @@ def run_bench(args, cfg: Config) -> int:
                          "micro-batches to measure with --micro (e.g. --micro 4,8,16)")
     if args.ranks < 1 or args.warmup < 0 or args.steps < 1 or min(seqs) < 1 or min(micros) < 1:
         raise BatonError("--ranks, --steps, --seq and --micro must be >= 1 and --warmup >= 0")
+    if not args.tokens_per_step and cfg.tokens_per_step % args.ranks:
+        raise BatonError(f"the config's {cfg.tokens_per_step:,} tokens per step do not split over --ranks "
+                         f"{args.ranks}: give ranks that divide train.global_batch, or --tokens-per-step per rank")
     tps = parse_count(args.tokens_per_step, "--tokens-per-step") if args.tokens_per_step else \
         cfg.tokens_per_step // args.ranks
     if tps < 1:
@@ -130,8 +133,8 @@ def run_bench(args, cfg: Config) -> int:
     print(f"\nwrote {paths['md']}, {paths['json']} and {paths['png']}")
     if args.pick:
         if chosen is None:
-            print("no cell ran within the cap" + ("" if allow_compile else " (compiled cells are not eligible: "
-                                                  "baton train does not compile)"))
+            print(("no cell ran within the cap" if cap else "no cell ran (see each cell's status above)")
+                  + ("" if allow_compile else " (compiled cells are not eligible: baton train does not compile)"))
             return 1
         assert chosen.peak_bytes is not None  # pick() chooses only cells that ran, whose peak was measured
         sets = " ".join(f"--set {o}" for o in bench.overrides(chosen, cfg, tps, args.ranks))
