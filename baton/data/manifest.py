@@ -35,21 +35,58 @@ def load_manifest(data_dir: str | Path) -> dict[str, Any]:
     return parse_manifest(path.read_bytes(), str(path))
 
 
-def parse_manifest(raw: bytes | str, where: str) -> dict[str, Any]:
-    """A manifest's JSON, with the fields every reader relies on present and of this format."""
+def parse_manifest(raw: bytes | str, where: str, fix: str = "rerun `baton prepare`") -> dict[str, Any]:
+    """A manifest's JSON, with the fields every reader relies on present and of this format; ``fix`` says
+    how to get a good one (a published copy is republished, not prepared again)."""
     try:
         m = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataError(f"{where} is not valid JSON ({e}); rerun `baton prepare`") from None
+        raise DataError(f"{where} is not valid JSON ({e}); {fix}") from None
     if not isinstance(m, dict):
-        raise DataError(f"{where} is not a JSON object; rerun `baton prepare`")
+        raise DataError(f"{where} is not a JSON object; {fix}")
     required = ("format", "shards", "total_tokens", "n_shards", "fingerprint", "tokenizer", "dtype")
     missing = [k for k in required if k not in m]
     if missing:
-        raise DataError(f"{where} lacks {', '.join(missing)}; it was not written by this baton (rerun `baton prepare`)")
+        raise DataError(f"{where} lacks {', '.join(missing)}; it was not written by this baton ({fix})")
     if m["format"] != FORMAT:
         raise DataError(f"{where} has format {m['format']!r}; this baton reads {FORMAT!r}")
+    wrong = _wrong_types(m)
+    if wrong:
+        raise DataError(f"{where} is malformed ({'; '.join(wrong[:3])}): it was edited or damaged after it was "
+                        f"written ({fix})")
     return m
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _wrong_types(m: dict[str, Any]) -> list[str]:
+    """The fields every reader indexes, of the wrong type or shape: caught here once, so that a hand-edited
+    manifest is one line naming it rather than an exception deep inside whichever command read it first."""
+    out = [f"{k} must be a count, got {m[k]!r}" for k in ("total_tokens", "n_shards") if not _count(m[k])]
+    if m["dtype"] not in ("uint16", "uint32"):
+        out.append(f"dtype must be uint16 or uint32, got {m['dtype']!r}")
+    if not isinstance(m["fingerprint"], str):
+        out.append(f"fingerprint must be a string, got {m['fingerprint']!r}")
+    tok = m["tokenizer"]
+    if not isinstance(tok, dict) or not isinstance(tok.get("sha256"), str) \
+            or not isinstance(tok.get("file", "tokenizer.json"), str):
+        out.append("tokenizer must be a record with a file name and a sha256")
+    shards = m["shards"]
+    if not isinstance(shards, list):
+        return [*out, f"shards must be a list of shard records, got {type(shards).__name__}"]
+    for i, s in enumerate(shards):
+        if not (isinstance(s, dict) and isinstance(s.get("file"), str) and isinstance(s.get("sha256"), str)
+                and _count(s.get("tokens"))):
+            out.append(f"shard record {i} must have a file name, a sha256 and a token count, got {s!r:.80}")
+            break
+    if not out:
+        names = {s["file"] for s in shards}
+        tok_name = tok.get("file", "tokenizer.json")
+        if bad_shard_names([{"file": tok_name}]) or tok_name in names or tok_name == MANIFEST:
+            out.append(f"the tokenizer's file {tok_name!r} must be a plain file name of its own in the folder")
+    return out
 
 
 def bad_shard_names(shards: list[dict[str, Any]]) -> list[str]:

@@ -17,12 +17,15 @@ A rerun after a kill keeps every file already under its final name (hashed, not 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,7 @@ log = logging.getLogger(__name__)
 
 REPUBLISH = "republish the dataset from the machine that prepared it (`baton publish-data -c CONFIG`)"
 RECORDS = ".baton-data"  # under run.local_dir: what this machine verified, per data folder
+LOCK = ".baton-lock"  # in data.dir: held by the one process pulling into it
 
 
 @dataclass
@@ -65,8 +69,12 @@ class DataSource:
         return asdict(self)
 
 
-def ensure_data(cfg: Config) -> DataSource | None:
-    """Make ``data.dir`` hold the dataset published at ``data.url``, verified; None when data.url is unset."""
+def ensure_data(cfg: Config, check: Callable[[dict[str, Any]], None] | None = None) -> DataSource | None:
+    """Make ``data.dir`` hold the dataset published at ``data.url``, verified; None when data.url is unset.
+
+    ``check`` is called with the store's manifest, once it is known sound and before anything is read or
+    written locally: what can refuse the dataset on its manifest alone (the resume's drift check) costs no
+    download."""
     if not cfg.data.url:
         return None
     t0 = time.perf_counter()
@@ -76,7 +84,7 @@ def ensure_data(cfg: Config) -> DataSource | None:
     if raw is None:
         raise DataError(f"{MANIFEST} not found in {where} (data.url): no dataset is published there; run `baton "
                         "publish-data -c CONFIG` (or `baton prepare --publish`) where the data was prepared")
-    m = parse_manifest(raw, f"{MANIFEST} in {where}")
+    m = parse_manifest(raw, f"{MANIFEST} in {where}", REPUBLISH)
     problems = manifest_problems(m)
     if problems:
         raise DataError(f"{MANIFEST} in {where} was changed after it was published ({problems[0]}); {REPUBLISH}")
@@ -91,9 +99,18 @@ def ensure_data(cfg: Config) -> DataSource | None:
         raise DataError(f"{where} does not hold the dataset its {MANIFEST} describes ({what}); {REPUBLISH}")
     for n, w in files.items():
         w["size"] = listing[n].size if w["size"] is None else w["size"]
+    if check is not None:
+        check(m)
 
     local = Path(cfg.data.dir)
     in_place = same_folder(store, local)
+    with nullcontext() if in_place else _sole_puller(local):
+        return _make_present(cfg, store, local, in_place, raw, m, files, t0)
+
+
+def _make_present(cfg: Config, store, local: Path, in_place: bool, raw: str, m: dict[str, Any],
+                  files: dict[str, dict[str, Any]], t0: float) -> DataSource:
+    where = store.describe()
     record_path = _record_path(cfg, local)
     record = _load_record(record_path, m["fingerprint"])
     current = _local_manifest(local) == raw
@@ -122,6 +139,28 @@ def ensure_data(cfg: Config) -> DataSource | None:
                      len(reused), time.perf_counter() - t0, in_place)
     log.info("%s; SHASHED %d files total_tokens %s mismatches 0", src.line(), len(files), f"{m['total_tokens']:,}")
     return src
+
+
+@contextmanager
+def _sole_puller(local: Path) -> Iterator[None]:
+    """Hold ``data.dir``'s pull lock: one process at a time judges and pulls into a folder. Nodes that share a
+    file system (an NFS home), or two sessions on one machine, would otherwise pull into the same folder at
+    once, each clearing and renaming the other's files; the one that waits then finds the copy verified."""
+    try:
+        local.mkdir(parents=True, exist_ok=True)
+        fd = os.open(local / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:  # a folder this process cannot write: nothing is pulled into it (the pull says so)
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("another process is pulling the dataset into %s; waiting for it to finish", local)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _pool(cfg: Config) -> ThreadPoolExecutor:
@@ -163,7 +202,7 @@ def _pull(store, local: Path, names: list[str], files: dict[str, dict[str, Any]]
     log.info("pulling %d of %d files (%s MB) from %s into %s", len(names), len(files),
              f"{sum(files[n]['size'] for n in names) / 1e6:,.1f}", store.describe(), local)
 
-    def get(item: tuple[int, str]) -> tuple[str, str | None]:
+    def get(item: tuple[int, str]) -> tuple[str, str | BatonError | None]:
         i, name = item
         faults.point("data.pull", i)
         tmp = local / (name + ".pull")
@@ -182,15 +221,19 @@ def _pull(store, local: Path, names: list[str], files: dict[str, dict[str, Any]]
             st = (local / name).stat()
             known[name] = [st.st_size, st.st_ino, st.st_mtime_ns, got]
             return name, None
-        except BatonError as e:
-            return name, f"{name}: {e}"
+        except BatonError as e:  # the store or this machine's disk failed, not the published bytes
+            return name, e
         finally:
             tmp.unlink(missing_ok=True)
 
     with _pool(cfg) as pool:
-        problems = [p for _, p in pool.map(get, enumerate(names)) if p]
-    if problems:
-        raise DataError(f"{'; '.join(problems[:3])}{'; …' if len(problems) > 3 else ''}; {REPUBLISH}")
+        outcomes = [p for _, p in pool.map(get, enumerate(names)) if p]
+    changed = [p for p in outcomes if isinstance(p, str)]
+    if changed:
+        raise DataError(f"{'; '.join(changed[:3])}{'; …' if len(changed) > 3 else ''}; {REPUBLISH}")
+    failed = [p for p in outcomes if isinstance(p, BatonError)]
+    if failed:
+        raise failed[0]  # with its own fix (the store is down, the disk is full): republishing would not help
     return sum(files[n]["size"] for n in names)
 
 

@@ -127,7 +127,7 @@ class WindowDataset:
         self.shuffle_seed = shuffle_seed
         self.n_windows = (self.stream.total - 1) // seq_len
         self.n_val = val_windows
-        self.n_train = self.n_windows - self.n_val
+        self.n_train = self.train_windows(self.stream.total, seq_len, val_windows)
         if self.n_train < 1:
             raise DataError(
                 f"data.seq_len={seq_len} is too long for the corpus in {self.data_dir}: "
@@ -141,6 +141,11 @@ class WindowDataset:
         self._id_block: tuple[int, np.ndarray] | None = None  # (first sample, window ids from there)
         self._last_start: int | None = None  # the last sample a block miss started at
         self.skipped: tuple[tuple[int, int], ...] = ()
+
+    @staticmethod
+    def train_windows(total_tokens: int, seq_len: int, val_windows: int) -> int:
+        """Training windows of a corpus of ``total_tokens``: every seq_len + 1 token window but the held-out."""
+        return (total_tokens - 1) // seq_len - val_windows
 
     def set_skipped(self, ranges: tuple[tuple[int, int], ...]) -> None:
         """Skip these stream ranges from now on (the cursor's ``skipped``)."""

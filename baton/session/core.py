@@ -70,7 +70,7 @@ class Session:
 
     def _setup(self, cfg: Config, resume: str, stop_after: int | None, deadline: float | None) -> None:
         check_installed(cfg.log.backends)  # a missing tracker package fails now, not after the first hour
-        p = session_parts.build(cfg, stop_after, self.t_start, deadline)
+        p = session_parts.build(cfg, stop_after, self.t_start, deadline, resume, self.allow_change)
         self.parts = p
         try:
             resumed = resuming.resume(p, resume, self.allow_change)

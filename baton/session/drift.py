@@ -156,10 +156,11 @@ def horizon_problem(state: dict[str, Any], new_cfg: dict[str, Any], total_steps:
     return None
 
 
-def check_resume(state: dict[str, Any], new_cfg: dict[str, Any], total_steps: int, fingerprint: str,
-                 permutation: str, tok_sha256: str,
-                 allowed: set[str] | frozenset[str] = frozenset()) -> list[Difference]:
-    """Refuse a resume that drifts (one message, every difference); returns the differences allowed."""
+def refuse_drift(state: dict[str, Any], new_cfg: dict[str, Any], total_steps: int, fingerprint: str,
+                 permutation: str, tok_sha256: str, allowed: set[str] | frozenset[str] = frozenset(),
+                 note: str = "") -> list[Difference]:
+    """Raise the one message that refuses a resume that drifts (every difference); returns the differences,
+    all of them allowed. ``note`` is added to the message."""
     diffs = differences(state, new_cfg, fingerprint, permutation, tok_sha256, total_steps)
     step = state.get("step")
     lost = lost_skips(state)
@@ -168,22 +169,23 @@ def check_resume(state: dict[str, Any], new_cfg: dict[str, Any], total_steps: in
                           "its data cursor does not skip them: the checkpoint is inconsistent (resume from an "
                           "earlier checkpoint with --resume PATH, or start a new run.name)")
     if isinstance(step, int) and total_steps < step:
-        raise ResumeError(f"the horizon is {total_steps} steps but the checkpoint is at step {step} (raise "
+        raise ResumeError(f"the horizon is {total_steps} steps but the checkpoint is at step {step}{note} (raise "
                           "train.steps or train.target_tokens, or start a new run.name)")
-    refused = [d for d in diffs if d.key not in allowed]
-    if refused:
-        could = [d.key for d in refused if d.key in ALLOWABLE]
-        fix = "restore them, or start a new run.name"
-        if could:
-            fix += f"; if intended, pass --allow-change for {', '.join(could)}"
-        raise ResumeError(f"refusing to resume: the checkpoint at step {step} differs from this config in what "
-                          f"makes it the same run: {'; '.join(str(d) for d in diffs)} ({fix})")
+    _refuse(step, diffs, allowed, note)
     moved = next((d for d in diffs if d.key == HORIZON), None)
     if moved is not None:
         why = horizon_problem(state, new_cfg, total_steps)
         if why:
-            raise ResumeError(f"refusing to move the horizon from {moved.old} to {moved.new} steps: {why} (resume "
-                              f"with train.steps = {moved.old}, or start a new run.name)")
+            raise ResumeError(f"refusing to move the horizon from {moved.old} to {moved.new} steps: {why}{note} "
+                              f"(resume with train.steps = {moved.old}, or start a new run.name)")
+    return diffs
+
+
+def check_resume(state: dict[str, Any], new_cfg: dict[str, Any], total_steps: int, fingerprint: str,
+                 permutation: str, tok_sha256: str,
+                 allowed: set[str] | frozenset[str] = frozenset()) -> list[Difference]:
+    """Refuse a resume that drifts (one message, every difference); returns the differences allowed."""
+    diffs = refuse_drift(state, new_cfg, total_steps, fingerprint, permutation, tok_sha256, allowed)
     if diffs:
         log.warning("resuming with changes allowed by --allow-change: %s", "; ".join(str(d) for d in diffs))
     for key in sorted(set(allowed) - {d.key for d in diffs}):
@@ -197,6 +199,34 @@ def check_resume(state: dict[str, Any], new_cfg: dict[str, Any], total_steps: in
     if free:
         log.info("resuming with changed settings: %s", "; ".join(str(d) for d in free))
     return [d for d in diffs if d.key in allowed]
+
+
+def _refuse(step: Any, diffs: list[Difference], allowed: set[str] | frozenset[str], note: str = "") -> None:
+    refused = [d for d in diffs if d.key not in allowed]
+    if refused:
+        could = [d.key for d in refused if d.key in ALLOWABLE]
+        fix = "restore them, or start a new run.name"
+        if could:
+            fix += f"; if intended, pass --allow-change for {', '.join(could)}"
+        raise ResumeError(f"refusing to resume: the checkpoint at step {step} differs from this config in what "
+                          f"makes it the same run: {'; '.join(str(d) for d in diffs)}{note} ({fix})")
+
+
+def check_before_pull(state: dict[str, Any] | None, cursor: dict[str, Any], step: Any, new_cfg: dict[str, Any],
+                      total_steps: int, manifest: dict[str, Any], permutation: str | None,
+                      allowed: set[str] | frozenset[str]) -> None:
+    """The drift check made on the published manifest alone, before the dataset is downloaded (hours at a
+    billion tokens) only to be refused: with the checkpoint's ``state`` every refusal ``check_resume`` would
+    make (the tokenizer and order as the manifest implies them), else the corpus fingerprint against the
+    ``cursor``. The whole check still runs on the pulled data."""
+    note = "; the dataset at data.url was not downloaded"
+    if state is None or permutation is None:
+        old = cursor.get("dataset_fingerprint")
+        if old != manifest["fingerprint"]:
+            _refuse(step, [Difference("data.fingerprint", old, manifest["fingerprint"])], allowed, note)
+        return
+    refuse_drift(state, new_cfg, total_steps, manifest["fingerprint"], permutation, manifest["tokenizer"]["sha256"],
+                 allowed, note)
 
 
 def validate_allowed(keys: list[str] | tuple[str, ...]) -> set[str]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,10 +13,13 @@ from typing import Any
 
 import torch
 
+from ..checkpoint.pull import read_pointer
+from ..checkpoint.state import STATE_FILE, read_state
 from ..config import Config
+from ..data.permutation import Permutation
 from ..data.pull import DataSource, ensure_data
 from ..data.reader import WindowDataset
-from ..errors import BatonError, ConfigError, DataError
+from ..errors import BatonError, ConfigError
 from ..model.llama import build_model, count_parameters, param_count
 from ..model.optimizer import adamw, check_precision
 from ..planning.ledger import SessionLedger
@@ -23,7 +28,7 @@ from ..runtime.device import pick_device
 from ..runtime.flops import FlopsInfo, session_flops
 from ..runtime.parallel import Parallel
 from ..store import RetryPolicy, Store, open_store
-from .drift import tokenizer_sha256
+from .drift import check_before_pull, tokenizer_sha256
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +75,8 @@ class Parts:
         return dataclasses.replace(self, model=model, optimizer=optimizer)
 
 
-def build(cfg: Config, stop_after: int | None, started: float, deadline: float | None) -> Parts:
+def build(cfg: Config, stop_after: int | None, started: float, deadline: float | None, resume: str = "auto",
+          allow_change: frozenset[str] = frozenset()) -> Parts:
     """Everything the loop calls, checked before anything long starts (memory, divisibility, vocabulary)."""
     if cfg.train.deterministic:
         determinism.enable()  # before anything touches the GPU
@@ -96,7 +102,7 @@ def build(cfg: Config, stop_after: int | None, started: float, deadline: float |
         )
     store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
     # The dataset before anything is written to the store: a session that cannot have its data ends here.
-    source = _ensure_data(cfg, info)
+    source = _ensure_data(cfg, info, _data_drift(cfg, store, resume, allow_change))
     ledger = _open_ledger(cfg, store, info, device, started, deadline, source)
     data = WindowDataset(cfg.data.dir, cfg.data.seq_len, cfg.data.shuffle_seed, cfg.data.val_windows)
     # Checked now, not when the final export needs it hours later.
@@ -127,20 +133,64 @@ def build(cfg: Config, stop_after: int | None, started: float, deadline: float |
     )
 
 
-def _ensure_data(cfg: Config, info: dist.DistInfo) -> DataSource | None:
+def _ensure_data(cfg: Config, info: dist.DistInfo, check: Callable[[dict[str, Any]], None] | None
+                 ) -> DataSource | None:
     """data.url pulled into data.dir by one process per node while the others wait; every rank gets the error."""
     if not cfg.data.url:
         return None
     source, err = None, None
     if info.local_rank == 0:
         try:
-            source = ensure_data(cfg)
+            source = ensure_data(cfg, check)
         except BatonError as e:
-            err = str(e)
+            err = (type(e), str(e))
     errs = [e for e in dist.gather(err) if e]
     if errs:
-        raise DataError(errs[0])
+        kind, message = errs[0]
+        raise kind(message)
     return source
+
+
+def _data_drift(cfg: Config, store: Store, resume: str, allow_change: frozenset[str]
+                ) -> Callable[[dict[str, Any]], None] | None:
+    """The drift check, for the pull to make on the published manifest before any download: the checkpoint
+    this session would resume (the store's pointer and its state.json, or --resume PATH) against this config
+    and the dataset the manifest describes. None when there is nothing to compare (--resume never)."""
+    if resume == "never":
+        return None
+
+    def check(manifest: dict[str, Any]) -> None:
+        if resume == "auto":
+            pointer = read_pointer(store, cfg.run.name)
+            if pointer is None or (pointer.get("complete") and pointer["step"] >= cfg.total_steps):
+                return  # a fresh start, or a complete run that trains nothing
+            cursor, step, state = pointer["cursor"], pointer["step"], _stored_state(store, cfg.run.name, pointer)
+        else:
+            try:
+                state = read_state(Path(resume))
+            except BatonError:
+                return  # the resume reports an unreadable checkpoint in its own words
+            cursor, step = state["cursor"], state["step"]
+        if isinstance(cursor, dict):
+            n_train = WindowDataset.train_windows(manifest["total_tokens"], cfg.data.seq_len, cfg.data.val_windows)
+            order = Permutation(n_train, cfg.data.shuffle_seed, 0).fingerprint() if n_train >= 1 else None
+            check_before_pull(state, cursor, step, cfg.to_dict(), cfg.total_steps, manifest, order, allow_change)
+
+    return check
+
+
+def _stored_state(store: Store, run: str, pointer: dict[str, Any]) -> dict[str, Any] | None:
+    """The pointer's state.json when the store holds it as the pointer says (a few kB); else None, and the
+    resume itself reports what is wrong with the checkpoint."""
+    want = (pointer.get("files") or {}).get(STATE_FILE) or {}
+    try:
+        text = store.read_text(f"{run}/{pointer['path']}/{STATE_FILE}")
+        if text is None or hashlib.sha256(text.encode("utf-8")).hexdigest() != want.get("sha256"):
+            return None
+        state = json.loads(text)
+    except (BatonError, ValueError):
+        return None
+    return state if isinstance(state, dict) and isinstance(state.get("config"), dict) else None
 
 
 def _open_ledger(cfg: Config, store: Store, info: dist.DistInfo, device: torch.device, started: float,

@@ -89,3 +89,45 @@ def test_cli_prints_one_summary_line_and_exits_nonzero_naming_each_bad_file(copy
     assert named == sorted([m["shards"][1]["file"], m["shards"][3]["file"]])
     missing = baton_cli("verify-data", "--dir", str(copy / "nope"))
     assert missing.returncode == 2 and missing.stderr.startswith("baton: error: ")
+
+
+# A manifest edited by hand into the wrong shape: every reader (verify-data, training's reader, the pull from
+# a store) refuses it in one line naming the field, never an exception from deep inside it.
+MALFORMED = {
+    "shards not a list": lambda m: m.update(shards={"shard-00000.bin": 1}),
+    "shards null": lambda m: m.update(shards=None),
+    "shard record not a record": lambda m: m["shards"].__setitem__(0, "shard-00000.bin"),
+    "tokens not a number": lambda m: m["shards"][0].update(tokens="many"),
+    "negative tokens": lambda m: m["shards"][0].update(tokens=-5),
+    "shard without file": lambda m: m["shards"][0].pop("file"),
+    "total as text": lambda m: m.update(total_tokens=str(m["total_tokens"])),
+    "n_shards as text": lambda m: m.update(n_shards=str(m["n_shards"])),
+    "tokenizer as text": lambda m: m.update(tokenizer="tokenizer.json"),
+    "tokenizer outside": lambda m: m["tokenizer"].update(file="../tokenizer.json"),
+    "tokenizer absolute": lambda m: m["tokenizer"].update(file="/etc/hostname"),
+    "tokenizer is a shard": lambda m: m["tokenizer"].update(file=m["shards"][0]["file"]),
+    "dtype unknown": lambda m: m.update(dtype="float64"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_malformed_manifest_is_one_error_for_every_reader(case, tmp_path, prepared_data):
+    from baton.config import load_config
+    from baton.data.pull import ensure_data
+    from baton.data.reader import WindowDataset
+    from baton.errors import DataError
+
+    folder = tmp_path / "published"
+    shutil.copytree(prepared_data, folder)
+    m = json.loads((folder / "manifest.json").read_text())
+    MALFORMED[case](m)
+    (folder / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(DataError, match="manifest.json.* is malformed .*rerun `baton prepare`"):
+        verify_data(str(folder))
+    with pytest.raises(DataError, match="manifest.json is malformed"):
+        WindowDataset(folder, 32, 7, 16)
+    cfg = load_config(None, [f"data.dir={tmp_path / 'fresh'}", f"data.url=file://{folder}",
+                             f"store.url={tmp_path / 'store'}", f"run.local_dir={tmp_path / 'runs'}"])
+    with pytest.raises(DataError, match="manifest.json in .* is malformed .*baton publish-data"):
+        ensure_data(cfg)
+    assert not (tmp_path / "fresh").exists() and not (tmp_path.parent / "tokenizer.json").exists()

@@ -236,6 +236,12 @@ def test_damaged_or_changed_dataset_in_the_store_is_refused_before_any_step(prep
         assert not (fresh / MANIFEST).exists() and not list(fresh.glob("*.pull*"))
         return lines[0]
 
+    # A resume the drift check refuses is refused on the published manifest, before the dataset is downloaded.
+    r = zyg.run(["train", "-c", config(tmp_path, "m0", tmp_path / "machine-0b", b.url), *STEPS,
+                 "--set", "data.seq_len=16"], tmp_path / "out")
+    (line,) = [x for x in r.stderr.splitlines() if x.startswith("baton: error:")]
+    assert r.returncode == 2 and "refusing to resume" in line and "data.seq_len: checkpoint 32, now 16" in line, line
+    assert "was not downloaded" in line and not list((tmp_path / "machine-0b").glob("shard-*"))
     b.flip("shard-00001.bin", 1000)
     refused(1, "shard-00001.bin", "sha256", "baton publish-data")
     b.remove("shard-00002.bin")
@@ -248,10 +254,21 @@ def test_damaged_or_changed_dataset_in_the_store_is_refused_before_any_step(prep
     # Re-published with another corpus between sessions: the resume is refused by the drift check ...
     other = publish(load_config(config(tmp_path, "publish-other", _subset(prepared_data, tmp_path / "other"), b.url)))
     assert other.removed == 1  # the old dataset's extra shard is gone from the store
+    machine0, mark = snapshot(tmp_path / "machine-0"), len(b.proxy.seen)
     r = zyg.run(["train", "-c", cfg, *STEPS], tmp_path / "out")
     assert r.returncode == 2, r.stderr[-3000:]
     (line,) = [x for x in r.stderr.splitlines() if x.startswith("baton: error:")]
     assert "refusing to resume" in line and "data.fingerprint" in line and "--allow-change" in line
+    # ... on the published manifest alone: the other dataset is not downloaded only to be refused.
+    assert "was not downloaded" in line
+    assert not [s.path for s in b.proxy.seen[mark:] if s.method == "GET" and "/shard-" in s.path]
+    assert snapshot(tmp_path / "machine-0") == machine0
+    # The same with the checkpoint named by --resume PATH (here: the store's own copy of it).
+    ckpt = tmp_path / "store" / "test" / json.loads((tmp_path / "store" / "test" / "latest.json").read_text())["path"]
+    r = zyg.run(["train", "-c", cfg, *STEPS, "--resume", ckpt], tmp_path / "out")
+    (line,) = [x for x in r.stderr.splitlines() if x.startswith("baton: error:")]
+    assert r.returncode == 2 and "data.fingerprint" in line and "was not downloaded" in line, line
+    assert snapshot(tmp_path / "machine-0") == machine0
     ckpts = {k: v for k, v in store_before.items() if "/ledger/" not in k}
     assert {k: v for k, v in snapshot(tmp_path / "store").items() if "/ledger/" not in k} == ckpts  # a failed
     assert read_metrics(run_dir) == metrics_before  # session is billed in the ledger; nothing else changes
@@ -285,6 +302,56 @@ def test_a_read_only_input_folder_is_a_data_source_and_is_never_written(prepared
             p.chmod(p.stat().st_mode | stat.S_IWUSR)
 
 
+def test_two_pullers_into_one_data_dir_take_turns(prepared_data, tmp_path, monkeypatch):
+    """Nodes sharing a file system (or two sessions on one machine) pull into the same data.dir: one pulls,
+    the other waits for it and finds the copy verified, instead of clearing and renaming the other's files."""
+    import threading
+
+    monkeypatch.setenv("BATON_FAULT_PAUSE", "data.pull=0.2")  # the first puller is still at it when the second starts
+    shared = tmp_path / "shared" / "data"
+    cfg = load_config(config(tmp_path, "c", shared, str(prepared_data), None, "transfer_workers = 1"))
+    results: dict = {}
+
+    def pull(n: str) -> None:
+        try:
+            results[n] = ensure_data(cfg)
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            results[n] = e
+
+    first = threading.Thread(target=pull, args=("first",))
+    first.start()
+    t0 = time.monotonic()
+    while not (shared / DATA_FILES[0]).exists() and first.is_alive():
+        assert time.monotonic() - t0 < 120, "the first pull never placed a file"
+        time.sleep(0.01)
+    second = threading.Thread(target=pull, args=("second",))
+    second.start()
+    first.join(120)
+    second.join(120)
+    assert [getattr(results.get(n), "pulled_files", results.get(n)) for n in ("first", "second")] == [5, 0], results
+    same_bytes(shared, prepared_data)
+    assert not list(shared.glob("*.pull*"))
+
+
+def test_a_store_outage_during_the_pull_says_so_and_the_rerun_completes(prepared_data, make_backend, tmp_path):
+    """A store that stops answering mid-pull is an outage (rerun), not a damaged dataset (republish)."""
+    from baton.errors import StoreError
+
+    b = make_backend("s3")
+    publish(load_config(config(tmp_path, "publish", prepared_data, b.url)))
+    fresh = tmp_path / "fresh" / "data"
+    cfg = load_config(config(tmp_path, "train", fresh, b.url), ["store.retries=2", "store.retry_seconds=1"])
+    b.fault("status", status=503, match=lambda method, path: method == "GET" and "shard-00002" in path)
+    with pytest.raises(StoreError, match="shard-00002.bin failed in S3 store .*looks down or unreachable") as e:
+        ensure_data(cfg)
+    assert "republish" not in str(e.value)
+    assert not (fresh / MANIFEST).exists() and not list(fresh.glob("*.pull*"))
+    b.clear_faults()
+    again = ensure_data(cfg)
+    assert again.pulled_files == 1 and again.hashed_files == 5  # the four files already in place are kept
+    same_bytes(fresh, prepared_data)
+
+
 def test_data_url_must_be_its_own_location(tmp_path):
     from baton.errors import ConfigError
 
@@ -292,3 +359,33 @@ def test_data_url_must_be_its_own_location(tmp_path):
         load_config(None, [f"store.url={tmp_path}", f"data.url={tmp_path}/"])
     with pytest.raises(ConfigError, match="data.url must not carry credentials"):
         load_config(None, ["data.url=s3://key:secret@bucket/data"])
+
+
+def test_two_ranks_on_a_fresh_machine_pull_one_verified_copy_and_both_train_on_it(prepared_data, make_backend,
+                                                                                  tmp_path, monkeypatch):
+    """torchrun with 2 gloo ranks and an empty data.dir: one process of the node pulls (one GET per file) and
+    verifies, the other waits for it, and both read their share of every global batch from the pulled copy.
+    Launched through the Python API (``baton.train(cfg, nproc=2)``), as a notebook does."""
+    import baton
+    from support.distrun import GLOBAL_BATCH, expected_batch_shas
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # two ranks on a two-core machine must not oversubscribe it
+    b = make_backend("s3")
+    published = publish(load_config(config(tmp_path, "publish", prepared_data, b.url)))
+    fresh = tmp_path / "fresh-machine" / "data"
+    mark = len(b.proxy.seen)
+    baton.train(load_config(config(tmp_path, "train", fresh, b.url), ["train.steps=3"]), nproc=2, progress=False,
+                stream_output=False)
+    got = [s.path.split("?")[0].rsplit("/", 1)[1] for s in b.proxy.seen[mark:] if s.method == "GET"]
+    assert sorted(n for n in got if n in DATA_FILES + [MANIFEST]) == sorted(DATA_FILES + [MANIFEST]), got
+    same_bytes(fresh, prepared_data)
+    logs = [(tmp_path / "runs" / "test" / "logs" / f"rank-{k}.log").read_text() for k in (0, 1)]
+    assert [log.count("SHASHED 5 files") for log in logs] == [1, 0]  # verified once, by the node's puller
+    run = tmp_path / "runs" / "test"
+    rows = read_metrics(run)
+    assert [row["batch_sha"] for row in rows] == expected_batch_shas(prepared_data, 3)  # both ranks' shares
+    assert rows[-1]["samples_consumed"] == 3 * GLOBAL_BATCH
+    summary = json.loads((run / "run_summary.json").read_text())
+    assert summary["world_size"] == 2
+    pointer = json.loads((tmp_path / "store" / "test" / "latest.json").read_text())
+    assert pointer["cursor"]["dataset_fingerprint"] == published.fingerprint
