@@ -66,20 +66,27 @@ class Cell:
 
 
 def parse_size(text: str) -> int:
-    """'12GiB', '512MiB', '12GB', '1.5G', or bytes -> bytes."""
+    """'12GiB', '512MiB', '12GB', '1.5G', or bytes -> bytes (at least one)."""
     s = text.strip().replace(" ", "")
     units = {"kib": 1024, "mib": MiB, "gib": GiB, "kb": 1e3, "mb": 1e6, "gb": 1e9, "k": 1024, "m": MiB, "g": GiB,
              "b": 1}
+    value: float | None = None
     for u in sorted(units, key=len, reverse=True):
         if s.lower().endswith(u):
             try:
-                return int(float(s[: -len(u)]) * units[u])
+                value = float(s[: -len(u)]) * units[u]
             except ValueError:
-                break
-    try:
-        return int(s)
-    except ValueError:
-        raise BatonError(f"memory size {text!r} is not a size (examples: 12GiB, 512MiB, 8GB)") from None
+                pass
+            break
+    if value is None:
+        try:
+            value = int(s)
+        except ValueError:
+            raise BatonError(f"memory size {text!r} is not a size (examples: 12GiB, 512MiB, 8GB)") from None
+    # A cap of nothing (or less, or beyond any machine) would record every cell as OOM: a typo, not a cap.
+    if not math.isfinite(value) or value < 1:
+        raise BatonError(f"memory size {text!r} must be a finite size of at least one byte (examples: 12GiB, 512MiB)")
+    return int(value)
 
 
 def flash_available(device: torch.device) -> bool:
@@ -163,8 +170,7 @@ def run_cell(cfg: Config, cell: Cell, tokens_per_step: int, device: torch.device
     cell.estimate_bytes = estimate_bytes(cfg, cell)
     if cap is not None and cell.estimate_bytes > cap:
         cell.status = "OOM"
-        cell.reason = (f"estimated {cell.estimate_bytes / MiB:,.0f} MiB is over the cap of {cap / MiB:,.0f} MiB "
-                       "(not run)")
+        cell.reason = f"estimated {_mib(cell.estimate_bytes)} MiB is over the cap of {_mib(cap)} MiB (not run)"
         return cell
     _trim()
     mcfg = dataclasses.replace(cfg.model, attn=cell.attn, grad_ckpt=cell.grad_ckpt,
@@ -201,7 +207,7 @@ def run_cell(cfg: Config, cell: Cell, tokens_per_step: int, device: torch.device
     cell.hours_for_target = target_tokens / (cell.tokens_per_s * ranks) / 3600
     if cap is not None and cell.peak_bytes > cap:
         cell.status = "OOM"
-        cell.reason = f"measured {cell.peak_bytes / MiB:,.0f} MiB is over the cap of {cap / MiB:,.0f} MiB"
+        cell.reason = f"measured {_mib(cell.peak_bytes)} MiB is over the cap of {_mib(cap)} MiB"
     else:
         cell.status = "ok"
     return cell
@@ -249,6 +255,8 @@ def run_grid(cfg: Config, attns: list[str], seqs: list[int], micros: list[int], 
              compiles: list[bool], tokens_per_step: int, device: torch.device, warmup: int = 2, steps: int = 5,
              cap: int | None = None, target_tokens: int = 0, ranks: int = 1, progress=None) -> list[Cell]:
     cells = [Cell(a, s, m, c, k) for a in attns for s in seqs for m in micros for c in ckpts for k in compiles]
+    if cfg.train.threads:  # the threads `baton train` would use: the rate is the run's, whichever command measures it
+        torch.set_num_threads(cfg.train.threads)
     for cell in cells:
         run_cell(cfg, cell, tokens_per_step, device, warmup, steps, cap, target_tokens, ranks)
         if progress:
@@ -292,8 +300,9 @@ def overrides(cell: Cell, cfg: Config, tokens_per_step: int | None = None, ranks
 # -------------------------------------------------------------------------------------- writing
 
 
-def _mib(v: int | None) -> str:
-    return "—" if v is None else f"{v / MiB:,.1f}"
+def _mib(v: float | None) -> str:
+    """MiB to a tenth, with three digits below a tenth: a 1 KiB cap is not "0.0 MiB"."""
+    return "—" if v is None else f"{v / MiB:,.1f}" if abs(v) >= MiB / 10 else f"{v / MiB:.3g}"
 
 
 def _hours(h: float | None) -> str:

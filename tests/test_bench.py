@@ -100,3 +100,29 @@ def test_estimates_and_sizes(make_config):
         parse_size("lots")
     assert _is_oom(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 10 bytes"))
     assert _is_oom(MemoryError()) and not _is_oom(RuntimeError("shape mismatch"))
+
+
+def test_bad_caps_and_tokens_per_step_are_one_line_errors(make_config, capsys, tmp_path, monkeypatch):
+    """A cap of nothing (or negative, or beyond any float) would record every cell as OOM or crash; 0 tokens
+    per step divided by zero. Each is now one `baton: error:` line before any cell runs."""
+    from support.boundary import assert_input_error, run_in_process
+
+    for bad in ("0", "-5GiB", "0.5B", "1e400GiB"):
+        with pytest.raises(BatonError, match="at least one byte"):
+            parse_size(bad)
+    assert parse_size("1KiB") == 1024
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cfg = str(make_config())
+    o = run_in_process(["bench", "-c", cfg, "--attn", "sdpa", "--tokens-per-step", "0", "--out", str(tmp_path / "b")],
+                       capsys)
+    assert_input_error(o, "give --tokens-per-step of at least 1")
+    # 256 tokens per step over 3 ranks used to floor to 85 per rank: every cell skipped, "no cell ran within the cap".
+    o = run_in_process(["bench", "-c", cfg, "--attn", "sdpa", "--ranks", "3", "--out", str(tmp_path / "b")], capsys)
+    assert_input_error(o, "256 tokens per step do not split over --ranks 3")
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_tiny_cap_is_shown_as_it_is():
+    from baton.bench import _mib
+
+    assert _mib(1024) == "0.000977" and _mib(3.5 * MiB) == "3.5" and _mib(None) == "—"

@@ -403,7 +403,9 @@ def cmd_preflight(args) -> int:
     stop = doc["stages"]["stop_probe"]["numbers"].get("verdict")
     if stop:
         print(stop)
-    print(f"VERDICT {doc['verdict']}  (report: {Path(args.out) / 'report.md'})")
+    from ..preflight.report import proven_line
+
+    print(f"VERDICT {doc['verdict']}  ({proven_line(doc['scorecard'])}; report: {Path(args.out) / 'report.md'})")
     return 0 if doc["verdict"] == "PASS" else 1
 
 

@@ -83,8 +83,6 @@ def run_bench(args, cfg: Config) -> int:
     from ..runtime.device import pick_device
 
     device = pick_device(cfg.train.device)
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
     attns = args.attn.split(",") if args.attn else ["eager", "sdpa"] + (
         ["flash_attention_2"] if bench.flash_available(device) else [])
     from ..config import ATTN_IMPLS
@@ -102,8 +100,13 @@ def run_bench(args, cfg: Config) -> int:
                          "micro-batches to measure with --micro (e.g. --micro 4,8,16)")
     if args.ranks < 1 or args.warmup < 0 or args.steps < 1 or min(seqs) < 1 or min(micros) < 1:
         raise BatonError("--ranks, --steps, --seq and --micro must be >= 1 and --warmup >= 0")
+    if not args.tokens_per_step and cfg.tokens_per_step % args.ranks:
+        raise BatonError(f"the config's {cfg.tokens_per_step:,} tokens per step do not split over --ranks "
+                         f"{args.ranks}: give ranks that divide train.global_batch, or --tokens-per-step per rank")
     tps = parse_count(args.tokens_per_step, "--tokens-per-step") if args.tokens_per_step else \
         cfg.tokens_per_step // args.ranks
+    if tps < 1:
+        raise BatonError(f"tokens per step per rank is {tps}: give --tokens-per-step of at least 1 (per rank)")
     cap = bench.parse_size(args.mem_cap) if args.mem_cap else None
     target = cfg.train.target_tokens or cfg.total_steps * cfg.tokens_per_step
     from ..guard import output_dir
@@ -130,8 +133,8 @@ def run_bench(args, cfg: Config) -> int:
     print(f"\nwrote {paths['md']}, {paths['json']} and {paths['png']}")
     if args.pick:
         if chosen is None:
-            print("no cell ran within the cap" + ("" if allow_compile else " (compiled cells are not eligible: "
-                                                  "baton train does not compile)"))
+            print(("no cell ran within the cap" if cap else "no cell ran (see each cell's status above)")
+                  + ("" if allow_compile else " (compiled cells are not eligible: baton train does not compile)"))
             return 1
         assert chosen.peak_bytes is not None  # pick() chooses only cells that ran, whose peak was measured
         sets = " ".join(f"--set {o}" for o in bench.overrides(chosen, cfg, tps, args.ranks))
@@ -157,10 +160,16 @@ def run_plan(args, cfg: Config | None) -> int:
     measured, msrc = None, ""
     if args.measured_rate:
         measured, msrc = float(parse_count(args.measured_rate, "--measured-rate")), "given"
+        if measured <= 0:
+            raise BatonError(f"--measured-rate {args.measured_rate!r} must be > 0 tok/s: the rate a session measured")
     elif wires:
         measured, msrc = L.measured_rate(records)
+    # Without a config the run's ranks are --ranks, default 1, as for the bill factor: with --seq-len that is
+    # enough to check that a micro-batch switch keeps the tokens per step.
+    ranks = args.ranks if cfg else (args.ranks or 1)
     results = evaluate_tripwires(wires, measured, inp.tokens_per_step, cfg.train.global_batch if cfg else None,
-                                 cfg.data.seq_len if cfg else args.seq_len, args.ranks) if measured else []
+                                 cfg.data.seq_len if cfg else args.seq_len, ranks,
+                                 inp.total_steps) if measured else []
     fired_plan = None
     if any(r.fired for r in results):
         fired_input = apply_tripwires(inp, results)

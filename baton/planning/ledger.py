@@ -242,7 +242,8 @@ def format_ledger(records: list[dict[str, Any]], t: Totals) -> str:
     lines = ["| session | started | last heartbeat | ended | billed h | outcome | steps | device |",
              "|---|---|---|---|---|---|---|---|"]
     for r in records:
-        steps = f"{r.get('steps_from')} → {r.get('steps_to')}"
+        # A preflight stage's record trains no steps of the run: no range, not "None → None".
+        steps = "—" if r.get("steps_from") is None else f"{r['steps_from']} → {r.get('steps_to')}"
         outcome = r["outcome"] if r["outcome"] != OPEN else "no end recorded (running, or died: billed to heartbeat)"
         lines.append(f"| {r['session']} | {r['started']} | {r['heartbeat']} | {r.get('ended') or '—'} | "
                      f"{billed_hours(r):.4f} | {outcome} | {steps} | {r.get('device')} x{r.get('bill_factor')} |")
@@ -252,8 +253,9 @@ def format_ledger(records: list[dict[str, Any]], t: Totals) -> str:
     if t.period_hours is not None:
         # totals() sets the period's hours, start and end together, from the quota
         assert t.period_start is not None and t.period_end is not None
+        over = "  OVER THE QUOTA" if t.quota_left is not None and t.quota_left < 0 else ""
         lines.append(f"this quota period ({iso(t.period_start)} → {iso(t.period_end)}): {t.period_hours:.4f} h of "
-                     f"{t.quota_hours:g} h, {t.quota_left:.4f} h left")
+                     f"{t.quota_hours:g} h, {t.quota_left:.4f} h left{over}")
     if t.cap_left is not None:
         over = "  OVER THE CAP" if t.cap_left < 0 else ""
         lines.append(f"cap: {t.billed_hours:.4f} h of {t.cap_hours:g} h, {t.cap_left:.4f} h left{over}")

@@ -19,6 +19,9 @@ from typing import Any
 from ..errors import BatonError
 
 HOUR = 3600.0
+# More sessions than this is a horizon or a rate off by orders of magnitude (1e12 steps, 5 tok/s), not a plan:
+# refused in one line instead of building, calendaring and printing millions of rows.
+MAX_SESSIONS = 100_000
 
 
 # --------------------------------------------------------------------------------------- parsing
@@ -81,6 +84,11 @@ def parse_instant(text: str, what: str = "time") -> datetime:
     except ValueError:
         raise BatonError(f"{what} {text!r} is not an ISO 8601 time (example: 2026-09-26T00:00Z)") from None
     return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def _hours(h: float) -> str:
+    """Tenths of an hour, three digits below one: a warning about minutes does not say "0.0 h"."""
+    return f"{h:,.1f}" if abs(h) >= 1 else f"{h:.3g}"
 
 
 def iso(t: datetime) -> str:
@@ -183,9 +191,13 @@ def split(inp: PlanInput, a: int, b: int) -> list[tuple[int, int]]:
     if cap == 0:
         raise BatonError(
             f"a session of {inp.session_hours:g} h minus {inp.margin_hours:g} h margin cannot fit one step "
-            f"({inp.step_seconds:.1f} s) plus startup and a checkpoint cycle: lengthen the session or shrink "
-            "the margin")
+            f"({inp.step_seconds:.1f} s) plus {inp.startup_seconds / 60:g} min of startup and a {inp.ckpt_seconds:g} s "
+            "checkpoint cycle: lengthen the session, or shrink the margin, the startup or the checkpoint time")
     n = math.ceil(remaining / cap)
+    if n > MAX_SESSIONS:
+        raise BatonError(
+            f"the plan needs {n:,} sessions ({remaining:,} steps at {inp.step_seconds:.3g} s/step, at most {cap:,} "
+            f"per session), more than {MAX_SESSIONS:,}: check the horizon (--steps, --target-tokens) and the rate")
     while True:
         base, rest = divmod(remaining, n)
         tail = [base] * (n - 1) + [base + rest]
@@ -294,17 +306,24 @@ def plan(inp: PlanInput) -> Plan:
     quota = None
     if inp.quota_hours > 0:
         quota = Quota(inp.quota_hours, timedelta(hours=inp.quota_period_hours), inp.quota_reset or inp.start)
-        if inp.used_hours > inp.quota_hours:
-            raise BatonError(f"{inp.used_hours:.2f} h used is more than the quota of {inp.quota_hours:g} h")
     warnings: list[str] = []
+    if quota and inp.used_hours > inp.quota_hours:
+        # A session that ran on past the quota (platforms let a running one finish) leaves the period
+        # overdrawn: nothing more fits before the reset, which is where the plan starts.
+        warnings.append(f"{inp.used_hours:.2f} h used is more than the quota of {inp.quota_hours:g} h: the plan "
+                        f"starts at the next reset, {iso(quota.period_end(inp.start))}")
     pending = split(inp, inp.start_step, inp.total_steps)
     sessions: list[SessionPlan] = []
     t = inp.start
     used = inp.used_hours
     period_end = quota.period_end(t) if quota else None
+    waited = False  # the next session starts at a quota reset, not when the previous one ended
     while pending:
+        if len(sessions) >= MAX_SESSIONS:
+            raise BatonError(f"the plan needs more than {MAX_SESSIONS:,} sessions under a quota of "
+                             f"{inp.quota_hours:g} h per period: check the horizon, the rate and the quota")
         a, b = pending[0]
-        note = ""
+        note = "waits for the quota reset" if waited else ""
         if quota:
             assert period_end is not None  # set together with the quota
             if t >= period_end:  # a new period began while waiting or working
@@ -314,7 +333,8 @@ def plan(inp: PlanInput) -> Plan:
             if need > left_s:
                 fit = capacity(inp, a, min(left_s, inp.usable_seconds))
                 if fit > 0 and left_s >= inp.min_session_hours * HOUR:
-                    b, note = a + fit, "shortened to the quota left in this period"
+                    b = a + fit
+                    note = "; ".join(filter(None, [note, "shortened to the quota left in this period"]))
                     pending = [(a, b)] + split(inp, b, inp.total_steps)
                 elif used == 0:  # a whole period's quota and still nothing fits: waiting cannot help
                     raise BatonError(
@@ -322,6 +342,7 @@ def plan(inp: PlanInput) -> Plan:
                         f"{inp.min_session_hours:g} h with one step and a checkpoint cycle")
                 else:
                     t, used, period_end = period_end, 0.0, period_end + quota.period
+                    waited = True
                     continue  # wait for the reset, then try the same range again
         seconds = session_seconds(inp, a, b)
         billed = seconds / HOUR * inp.bill_factor
@@ -336,10 +357,13 @@ def plan(inp: PlanInput) -> Plan:
         else:
             used += billed
         pending.pop(0)
+        waited = False
         t = end + timedelta(hours=inp.gap_hours)
     total = sum(s.billed_hours for s in sessions)
     if inp.cap_left_hours is not None and total > inp.cap_left_hours:
-        warnings.append(f"the plan bills {total:.1f} h but the cap leaves {inp.cap_left_hours:.1f} h")
+        left = inp.cap_left_hours
+        warnings.append(f"the plan bills {_hours(total)} h but " + (f"the cap leaves {_hours(left)} h" if left > 0
+                        else f"the cap is already spent ({_hours(-left)} h over)"))
     if inp.deadline is not None and sessions and sessions[-1].end > inp.deadline:
         warnings.append(f"the plan ends {iso(sessions[-1].end)}, after the deadline {iso(inp.deadline)}")
     return Plan(inp, sessions, warnings)

@@ -58,7 +58,10 @@ def parse_tripwire(text: str) -> Tripwire:
         raise BatonError(f"tripwire {text!r}: accum= needs micro= (accumulation follows from the micro-batch)")
     if any(v <= 0 for v in kwargs.values()):
         raise BatonError(f"tripwire {text!r}: every value must be > 0")
-    return Tripwire(rate=float(parse_count(head, "tripwire rate")), text=text.strip(), **kwargs)
+    rate = float(parse_count(head, "tripwire rate"))
+    if rate <= 0:  # no measured rate is below 0 tok/s: the tripwire could never fire
+        raise BatonError(f"tripwire {text!r}: the rate must be > 0 tok/s (example: '7400: micro=8, accum=16')")
+    return Tripwire(rate=rate, text=text.strip(), **kwargs)
 
 
 @dataclass
@@ -71,45 +74,54 @@ class TripwireResult:
 
 def evaluate_tripwires(wires: list[Tripwire], measured_rate: float, tokens_per_step: int,
                        global_batch: int | None = None, seq_len: int | None = None,
-                       ranks: int | None = None) -> list[TripwireResult]:
+                       ranks: int | None = None, total_steps: int | None = None) -> list[TripwireResult]:
     """Which tripwires a measured rate trips, and the config overrides each one means.
 
     A micro-batch switch must keep tokens per step: micro x accumulation x ranks x seq_len must equal
     ``tokens_per_step`` (checked when the geometry is known), so the schedule and horizon stay as planned.
+    A cut of the target or the horizon must be below the planned horizon (``total_steps``, when known).
     """
     out = []
     for w in wires:
         fired = measured_rate < w.rate
         overrides: list[str] = []
-        problem = ""
+        problems: list[str] = []
         if w.target_tokens is not None:
             overrides.append(f"train.target_tokens={w.target_tokens}")
             overrides.append("train.steps=0")
+            if total_steps is not None and w.target_tokens // tokens_per_step >= total_steps:
+                problems.append(f"a target of {w.target_tokens:,} tokens is {w.target_tokens // tokens_per_step:,} "
+                                f"steps, not below the planned {total_steps:,}: it cuts nothing")
         if w.steps is not None:
             overrides.append(f"train.steps={w.steps}")
+            if total_steps is not None and w.steps >= total_steps:
+                problems.append(f"{w.steps:,} steps is not below the planned {total_steps:,}: it cuts nothing")
         if w.micro_batch is not None:
             overrides.append(f"train.micro_batch={w.micro_batch}")
             if w.accum is not None:
                 if global_batch is not None:
                     if global_batch % (w.micro_batch * w.accum):
-                        problem = (f"micro {w.micro_batch} x accum {w.accum} does not divide the global batch "
-                                   f"of {global_batch} samples")
+                        problems.append(f"micro {w.micro_batch} x accum {w.accum} does not divide the global "
+                                        f"batch of {global_batch} samples")
                     elif ranks is not None and global_batch != w.micro_batch * w.accum * ranks:
-                        problem = (f"micro {w.micro_batch} x accum {w.accum} x {ranks} ranks = "
-                                   f"{w.micro_batch * w.accum * ranks} samples, not the global batch of {global_batch}")
+                        problems.append(f"micro {w.micro_batch} x accum {w.accum} x {ranks} ranks = "
+                                        f"{w.micro_batch * w.accum * ranks} samples, not the global batch of "
+                                        f"{global_batch}")
                 elif seq_len is not None and ranks is not None:
                     got = w.micro_batch * w.accum * ranks * seq_len
                     if got != tokens_per_step:
-                        problem = f"micro x accum x ranks x seq_len = {got:,} tokens per step, not {tokens_per_step:,}"
-        out.append(TripwireResult(w, fired, overrides, problem))
+                        problems.append(f"micro x accum x ranks x seq_len = {got:,} tokens per step, not "
+                                        f"{tokens_per_step:,}")
+        out.append(TripwireResult(w, fired, overrides, "; ".join(problems)))
     return out
 
 
 def apply_tripwires(inp: PlanInput, results: list[TripwireResult]) -> PlanInput:
-    """The plan input after every fired tripwire's horizon change (geometry changes keep tokens/step)."""
+    """The plan input after every fired tripwire's horizon change (geometry changes keep tokens/step); a
+    tripwire with a problem is not applied."""
     new = inp
     for r in results:
-        if not r.fired:
+        if not r.fired or r.problem:
             continue
         if r.wire.target_tokens is not None:
             new = replace(new, total_steps=max(new.start_step, r.wire.target_tokens // new.tokens_per_step),

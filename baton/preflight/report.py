@@ -88,13 +88,21 @@ def scorecard_table(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def proven_line(rows: list[dict[str, Any]]) -> str:
+    """How much of the scorecard a verdict covers: a PASS of a few stages is not a PASS of all of them."""
+    n = {k: sum(1 for r in rows if r["result"] == k) for k in ("pass", "fail", "not proven")}
+    return f"{n['pass']} of {len(rows)} requirements proven" + (f", {n['fail']} failed" if n["fail"] else "") + (
+        f", {n['not proven']} not proven" if n["not proven"] else "")
+
+
 def render(doc: dict[str, Any]) -> str:
     st = doc["stages"]
     m = doc["machine"]
     lines = [
         f"# Preflight report: `{doc['config']}` at scale {doc['scale']}",
         "",
-        f"**{'VERDICT PASS' if doc['verdict'] == 'PASS' else 'VERDICT FAIL'}** — {doc['created']}, "
+        f"**{'VERDICT PASS' if doc['verdict'] == 'PASS' else 'VERDICT FAIL'}** ({proven_line(doc['scorecard'])}) — "
+        f"{doc['created']}, "
         f"{doc['seconds']:.0f} s on {m['platform']}, {m['cpus']} CPUs, GPUs: {', '.join(m['gpus']) or 'none'}; "
         f"baton {doc['versions']['baton']}, torch {doc['versions']['torch']}, transformers "
         f"{doc['versions']['transformers']}, git {doc['versions'].get('git_rev') or 'n/a'}. Store: {doc['store']}.",
@@ -125,7 +133,7 @@ def render(doc: dict[str, Any]) -> str:
                       json.dumps(_trim(s["numbers"]), indent=1, default=str), "```", "", "</details>"]
         for a in s["artifacts"]:
             lines += ["", f"![{name}]({a})"]
-    lines += _plan_section(st.get("throughput", {}))
+    lines += _plan_section(st.get("throughput", {}), doc["scale"])
     lines += _limitations(doc)
     return "\n".join(lines) + "\n"
 
@@ -141,19 +149,28 @@ def _trim(numbers: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _plan_section(tp: dict[str, Any]) -> list[str]:
+def _hours(h: float) -> str:
+    """A tenth of an hour, or three digits below one: a plan of minutes is not "0.0 h"."""
+    return f"{h:,.1f}" if h >= 1 else f"{h:.3g}"
+
+
+def _plan_section(tp: dict[str, Any], scale: str) -> list[str]:
     p = (tp.get("numbers") or {}).get("plan")
     if not p:
         return ["", "## Plan", "", "Not proven: the throughput stage did not produce a rate."]
     lines = ["", "## Plan", "",
              f"At the measured {p['rate_tokens_per_s']:,.0f} tokens/s ({tp['numbers'].get('picked')}), the horizon of "
              f"{p['total_steps']:,} steps × {p['tokens_per_step']:,} tokens = {p['horizon_tokens']:,} tokens takes "
-             f"**{p['stepping_hours']:.1f} h** of stepping, {p['wall_hours']:.1f} h of sessions and "
-             f"**{p['billed_hours']:.1f} GPU-hours** billed; ETA {p['eta']}.", "",
-             "| session | steps | stop_after_steps | hours |", "|---|---|---|---|"]
+             f"**{_hours(p['stepping_hours'])} h** of stepping, {_hours(p['wall_hours'])} h of sessions and "
+             f"**{_hours(p['billed_hours'])} GPU-hours** billed; ETA {p['eta']}.", ""]
+    if scale == "tiny":
+        lines += ["**Not the configured model's ETA:** at `--scale tiny` the rate is the stand-in model's, so these "
+                  "hours, GPU-hours and this ETA are not proven for the configured shape; `--scale real` on the "
+                  "target machine measures them.", ""]
+    lines += ["| session | steps | stop_after_steps | hours |", "|---|---|---|---|"]
     for s in p["sessions"][:20]:
         lines.append(f"| {s['session']} | {s['start_step']:,} → {s['stop_after_steps']:,} | {s['stop_after_steps']} | "
-                     f"{s['hours']:.2f} |")
+                     f"{_hours(s['hours'])} |")
     if len(p["sessions"]) > 20:
         lines.append(f"| … | {len(p['sessions']) - 20} more sessions | | |")
     return lines

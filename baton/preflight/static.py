@@ -15,6 +15,7 @@ from ..checkpoint.state import rng_state, save_checkpoint
 from ..data.pull import ensure_data
 from ..data.reader import Cursor, WindowDataset, prefix_collisions
 from ..data.verify import verify_data
+from ..errors import StoreError
 from ..model.llama import build_model, count_parameters, param_count
 from ..model.optimizer import adamw, check_precision
 from ..model.schedule import factor_for, landmarks, plateau_share, plot
@@ -172,6 +173,8 @@ def stage_storage(ctx: Context) -> StageResult:
     r.check("push verified against the store's listing and ranged read-back", result.verified, store.describe())
     pointer = read_pointer(store, run)
     r.check("pointer read back names the pushed checkpoint", pointer is not None and pointer["step"] == 1)
+    if pointer is None:  # nothing to pull from: the stage fails, with this as its error
+        raise StoreError(f"the pointer of {run} is not in {store.describe()} after a verified push")
     r.check("local copy pruned only after verification", not folder.exists(),
             f"{free_before / 1e9:.2f} -> {free_after / 1e9:.2f} GB free")
     pulled = ctx.work / "storage" / "cold-pull"

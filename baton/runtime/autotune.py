@@ -55,15 +55,15 @@ def resolve(cfg: Config, device: torch.device, world: int) -> dict[str, Any]:
     t.fused_ce = fused
     if t.micro_batch == "auto":
         per_rank = t.global_batch // world
+        t.micro_batch, probe = auto_micro_batch(cfg, device, per_rank)
         if device.type == "cuda":
-            t.micro_batch, notes["micro_batch_probe"] = probe_micro_batch(cfg, device, per_rank)
+            notes["micro_batch_probe"] = probe
             if world > 1:
                 from . import dist
 
                 # Every rank must accumulate the same number of micro-batches: the smallest fit wins.
                 t.micro_batch = int(-dist.maximum(-float(t.micro_batch), device))
         else:
-            t.micro_batch = max(c for c in micro_batch_candidates(per_rank) if c <= CPU_AUTO_MICRO_BATCH)
             log.info("micro_batch auto probes GPU memory; on %s it uses %d (set train.micro_batch to choose)",
                      device.type, t.micro_batch)
         notes["micro_batch"] = f"auto -> {t.micro_batch} (accumulation {per_rank // t.micro_batch})"
@@ -97,6 +97,14 @@ def micro_batch_candidates(per_rank: int) -> list[int]:
             cands.add(p)
         p *= 2
     return sorted(cands)
+
+
+def auto_micro_batch(cfg: Config, device: torch.device, per_rank: int) -> tuple[int, list[dict[str, Any]]]:
+    """What ``micro_batch = "auto"`` becomes for a rank's share of ``per_rank`` samples on ``device``: the
+    memory probe's pick on CUDA (with its trials), elsewhere the largest candidate up to CPU_AUTO_MICRO_BATCH."""
+    if device.type == "cuda":
+        return probe_micro_batch(cfg, device, per_rank)
+    return max(c for c in micro_batch_candidates(per_rank) if c <= CPU_AUTO_MICRO_BATCH), []
 
 
 def probe_micro_batch(cfg: Config, device: torch.device, per_rank: int) -> tuple[int, list[dict[str, Any]]]:

@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from collections import deque
+from datetime import datetime, timezone
 from typing import Any
 
 from ..config import Config
@@ -109,15 +110,30 @@ def session_clock(cfg: Config, session_start: float | None, session_hours: float
     """(start, deadline) of a `baton train`, in epoch seconds. The budget counts from ``session_start``, else
     from this process's start (the platform's clock); the earlier of the two limits wins."""
     started = session_start if session_start is not None else process_start_time()
-    hours = parse_hours(session_hours, "--session-hours") if session_hours else cfg.budget.session_hours
     deadlines = []
-    if hours:
+    if session_hours is not None:  # given: 0 is a budget of nothing, not "no budget" (that is leaving it out)
+        hours = parse_hours(session_hours, "--session-hours")
         if hours <= 0:
-            raise BatonError(f"--session-hours must be > 0, got {session_hours}")
+            raise BatonError(f"--session-hours must be > 0, got {session_hours!r} (leave it out for no time budget)")
+    else:
+        hours = cfg.budget.session_hours  # 0 in the config: no budget
+    if hours:
         deadlines.append(started + hours * HOUR)
     if deadline:
         deadlines.append(parse_instant(deadline, "--deadline").timestamp())
-    return started, (min(deadlines) if deadlines else None)
+    stop_at = min(deadlines) if deadlines else None
+    margin = cfg.budget.margin_minutes * 60
+    if stop_at is not None and session_start is None and stop_at - time.time() <= margin:
+        # Checked where the user starts the session (a launched rank has the launcher's clock, already
+        # checked): a budget that ends before the margin does cannot train a step, and a session that bills
+        # only to stop at once is a mistake in the time (often its zone), not a plan.
+        when = datetime.fromtimestamp(stop_at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        raise BatonError(
+            f"the time budget ends {when}, {'already past' if stop_at <= time.time() else 'too soon'}: nothing can "
+            f"train before the {margin / 60:g} min margin (budget.margin_minutes); give a later --deadline "
+            "(ISO 8601 with its zone, e.g. 2026-09-26T18:00+02:00) or a longer --session-hours "
+            "(budget.session_hours)")
+    return started, stop_at
 
 
 # A repeat of the stop signal this soon after the first is the same request delivered twice (to the process

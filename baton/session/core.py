@@ -56,8 +56,20 @@ class Session:
         self.deadline = deadline
         self.progress_enabled = progress
         self._ledger_open = True
-        check_installed(cfg.log.backends)  # a missing tracker package fails now, not after the first hour
         self.allow_change = frozenset(allow_change)  # keys a resume may change on purpose (session.drift)
+        # From the start, not after the resume: a preemption signal while the data and the checkpoint are
+        # pulled (minutes, for a large run) would otherwise kill the process at once, with no ledger end and
+        # a nonzero exit. With the flag set, the session stops at its first boundary and exits 0.
+        self._signals = StopSignals()
+        self._signals.install()
+        try:
+            self._setup(cfg, resume, stop_after, deadline)
+        except BaseException:
+            self._signals.restore()  # a failed start leaves the caller's handlers (a notebook's interrupt) be
+            raise
+
+    def _setup(self, cfg: Config, resume: str, stop_after: int | None, deadline: float | None) -> None:
+        check_installed(cfg.log.backends)  # a missing tracker package fails now, not after the first hour
         p = session_parts.build(cfg, stop_after, self.t_start, deadline, resume, self.allow_change)
         self.parts = p
         try:
@@ -84,8 +96,6 @@ class Session:
         self.checkpointer = Checkpointer(p, self.state, self.budget, resumed.parent, self.metrics_path, self.trackers,
                                          no_pointer=resumed.no_pointer)
         self._batch_rows = torch.zeros(cfg.train.global_batch, dtype=torch.float64)
-        self._signals = StopSignals()
-        self._signals.install()
         self._bar = None
 
     # -------------------------------------------------------------------------------- the step

@@ -39,7 +39,7 @@ def plan_options(p) -> None:
     g.add_argument("--quota-period-days", type=finite_float(0.0, lo_open=True), default=None)
     g.add_argument("--used-hours", default=None, metavar="H", help="billed in this period already")
     g.add_argument("--cap-hours", default=None, metavar="H", help="a cap on the run's billed hours")
-    g.add_argument("--bill-factor", type=finite_float(0.0), default=None,
+    g.add_argument("--bill-factor", type=finite_float(0.0, lo_open=True), default=None,
                    help="billed hours per wall-clock hour (default: budget.bill_factor, else one per rank)")
     g.add_argument("--start", default=None, metavar="TIME", help="when the first session starts (default now)")
     g.add_argument("--deadline", default=None, metavar="TIME", help="warn when the plan ends after this")
@@ -103,6 +103,8 @@ def plan_input(args, cfg: Config | None) -> tuple[PlanInput, dict[str, str], lis
                              "holds a measured session")
         rate = measured
     hours = parse_hours(args.session_hours, "--session-hours") if args.session_hours else (b.session_hours if b else 0)
+    if args.session_hours and not hours:
+        raise BatonError(f"--session-hours must be > 0, got {args.session_hours!r}: the platform's session limit")
     if not hours:
         raise BatonError("plan needs --session-hours (or budget.session_hours in the config)")
     margin = parse_margin(args.margin, hours) if args.margin else ((b.margin_minutes / 60) if b else 0.0)
@@ -186,7 +188,7 @@ def format_plan(p, src: dict[str, str]) -> str:
         + (f"; planning from step {i.start_step:,} ({src.get('start_step', 'given')})" if i.start_step else ""),
         f"rate: {i.rate:,.0f} tok/s ({src.get('rate', 'given')}) = {i.step_seconds:.2f} s/step",
         f"{target:,} tokens at {i.rate:,.0f} tok/s = {p.target_hours:.1f} h; the steps left take "
-        f"{p.stepping_hours:.1f} h of stepping",
+        f"{_h(p.stepping_hours)} h of stepping",
         f"sessions of {i.session_hours:g} h with {_h(i.margin_hours)} h margin = {_h(i.usable_seconds / HOUR)} h "
         f"usable; checkpoint cycle {i.ckpt_seconds:g} s ({src.get('ckpt', 'given')})"
         + (f" every {i.ckpt_every} steps" if i.ckpt_every else " at session ends")

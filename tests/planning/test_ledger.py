@@ -92,6 +92,17 @@ def test_totals_split_a_session_across_the_quota_reset():
     assert before.period_hours == pytest.approx(12 + 2)
 
 
+def test_the_table_marks_an_overdrawn_quota_and_a_record_without_steps():
+    reset = datetime(2026, 9, 26, tzinfo=timezone.utc)
+    recs = [_rec(reset, 2.0) | {"steps_from": None, "steps_to": None, "outcome": "preflight data pass"},
+            _rec(reset + timedelta(hours=3), 1.0) | {"steps_from": 0, "steps_to": 20}]
+    text = L.format_ledger(recs, L.totals(recs, Quota(2.5, timedelta(days=7), reset), cap_hours=2.0,
+                                          now=reset + timedelta(hours=5)))
+    rows = text.splitlines()
+    assert rows[2].endswith("| 2.0000 | preflight data pass | — | None x1.0 |") and "| 0 → 20 |" in rows[3]
+    assert "3.0000 h of 2.5 h, -0.5000 h left  OVER THE QUOTA" in text and "OVER THE CAP" in text
+
+
 def test_records_are_separate_objects_and_a_damaged_one_is_reported(tmp_path):
     store = LocalStore(tmp_path / "store")
     t0 = time.time()

@@ -212,6 +212,8 @@ def test_parsers():
 def test_impossible_inputs_are_refused():
     with pytest.raises(BatonError, match="cannot fit one step"):
         plan(reference_input(session_hours=0.01, margin_hours=0.0))
+    with pytest.raises(BatonError, match="780 min of startup and a 16.5 s checkpoint cycle: .* the startup"):
+        plan(reference_input(startup_seconds=13 * HOUR))
     with pytest.raises(BatonError, match="margin"):
         plan(reference_input(margin_hours=9.0))
     with pytest.raises(BatonError, match="rate"):
@@ -237,3 +239,65 @@ def test_plan_command_reference(baton_cli):
     assert "1,000,000,000 tokens at 7,732 tok/s = 35.9 h" in text
     bad = baton_cli("plan", "--target-tokens", "1e9", "--tokens-per-step", "262144", "--session-hours", "9")
     assert bad.returncode == 2 and bad.stderr.startswith("baton: error: plan needs a rate")
+
+
+def test_edge_inputs_are_one_line_errors_naming_the_fix(capsys, tmp_path, monkeypatch):
+    """What a new user mistypes: a horizon off by orders of magnitude, a zero bill factor or measured rate,
+    a tripwire at 0 tok/s. Each is one `baton: error:` line (exit 2), never a traceback or a silent default."""
+    from support.boundary import assert_input_error, run_in_process
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    base = ["plan", "--tokens-per-step", "1000", "--rate", "100", "--session-hours", "2"]
+    for extra, expect in [
+        (["--steps", "1e30"], "more than 100,000"),
+        (["--steps", "1e9", "--quota-hours", "0.5"], "more than 100,000"),
+        (["--steps", "100", "--bill-factor", "0"], "--bill-factor: must be > 0"),
+        (["--steps", "100", "--session-hours", "0"], "--session-hours must be > 0, got '0'"),
+        (["--steps", "100", "--tripwire", "0: target=1B", "--measured-rate", "50"], "rate must be > 0"),
+        (["--steps", "100", "--tripwire", "200: steps=50", "--measured-rate", "0"], "--measured-rate '0' must be > 0"),
+    ]:
+        assert_input_error(run_in_process(base + extra, capsys), expect)
+
+
+def test_a_session_after_a_spent_quota_says_it_waits_for_the_reset():
+    p = plan(reference_input(quota_hours=30.0, quota_reset=T0, used_hours=30.0))
+    first = p.sessions[0]
+    assert first.start == T0 + timedelta(days=7) and first.note == "waits for the quota reset"
+    assert all(s.note == "" for s in p.sessions[1:]) and p.warnings == []
+    # Overdrawn (a session ran on past the quota, as the ledger records it): a plan from the reset, not an error.
+    over = plan(reference_input(quota_hours=30.0, quota_reset=T0, used_hours=31.5))
+    assert [(s.start, s.stop_after_steps) for s in over.sessions] == [(s.start, s.stop_after_steps) for s in p.sessions]
+    assert over.warnings == ["31.50 h used is more than the quota of 30 h: the plan starts at the next reset, "
+                             "2026-09-27T06:00Z"]
+
+
+def test_tripwires_that_cannot_do_what_they_say_are_named_and_not_applied():
+    # Without a config: one rank (the bill factor's default) and --seq-len are enough to check a switch.
+    bad = evaluate_tripwires([parse_tripwire("7400: micro=7, accum=16")], 7_000, TPS, seq_len=2048, ranks=1)
+    assert bad[0].problem == "micro x accum x ranks x seq_len = 229,376 tokens per step, not 262,144"
+    # "Cut the target" to more than the plan trains cuts nothing, and the plan after the tripwires stays.
+    inp = reference_input()
+    r = evaluate_tripwires([parse_tripwire("5150: target=2B"), parse_tripwire("5150: steps=4000")], 5_000, TPS,
+                           total_steps=inp.total_steps)
+    assert [x.fired for x in r] == [True, True]
+    assert "7,629 steps, not below the planned 3,814" in r[0].problem and "not below the planned" in r[1].problem
+    assert apply_tripwires(inp, r).total_steps == inp.total_steps
+
+
+def test_plan_without_a_config_checks_a_micro_batch_switch(capsys, tmp_path, monkeypatch):
+    from support.boundary import run_in_process
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    o = run_in_process(["plan", "--target-tokens", "1e9", "--tokens-per-step", "262144", "--rate", "9696",
+                        "--session-hours", "9", "--tripwire", "7400: micro=7, accum=16", "--measured-rate", "7300",
+                        "--seq-len", "2048", "--json"], capsys)
+    assert o.status == 0, o.stderr
+    (wire,) = json.loads(o.stdout)["tripwires"]
+    assert wire["fired"] and wire["problem"] == "micro x accum x ranks x seq_len = 229,376 tokens per step, not 262,144"
+
+
+def test_cap_warnings_say_what_is_left_or_that_it_is_spent():
+    p = plan(reference_input(cap_left_hours=10.0))
+    assert p.warnings == [f"the plan bills {p.billed_hours:,.1f} h but the cap leaves 10.0 h"]
+    spent = plan(reference_input(total_steps=10, cap_left_hours=-0.0299))
+    assert spent.warnings == [f"the plan bills {spent.billed_hours:.3g} h but the cap is already spent (0.0299 h over)"]

@@ -104,6 +104,9 @@ def test_storage_stage_at_the_reference_checkpoint_size_on_cpu(baton_cli, tmp_pa
     doc = json.loads((out / "preflight.json").read_text())
     storage = doc["stages"]["storage"]
     assert storage["status"] == "pass", storage
+    # A PASS of two stages says how little it covers, in the report and on the terminal.
+    assert "**VERDICT PASS** (5 of 14 requirements proven, 9 not proven)" in (out / "report.md").read_text()
+    assert "VERDICT PASS  (5 of 14 requirements proven, 9 not proven; report:" in p.stdout
     n = storage["numbers"]
     # fp32 weights + Adam m and v of 106,194,240 parameters: about 1.27 GB
     assert 1.27e9 < n["checkpoint_bytes"] < 1.28e9
@@ -112,3 +115,31 @@ def test_storage_stage_at_the_reference_checkpoint_size_on_cpu(baton_cli, tmp_pa
     assert doc["stages"]["construct"]["numbers"]["params_built"] == 106_194_240
     assert doc["stages"]["data"]["status"] == "not proven"
     assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_the_throughput_stage_measures_an_auto_micro_batch(make_config, tmp_path):
+    """micro_batch = "auto" (the config's choice on a GPU) made the stage fail with a TypeError; it now
+    measures what `baton train` would pick on this device (on CPU: 4 of a global batch of 8) and half of it."""
+    from baton.preflight.core import Context
+    from baton.preflight.legs import stage_throughput
+
+    ctx = Context(str(make_config()), ['train.micro_batch="auto"'], "real", tmp_path / "pf", str(tmp_path / "store"),
+                  leg_steps=2, session_hours=12.0)
+    r = stage_throughput(ctx)
+    assert r.status == "pass" and not r.error, (r.error, r.checks)
+    assert [c["label"] for c in r.numbers["cells"]] == ["sdpa s32 m2x4", "sdpa s32 m4x2"]
+    assert r.numbers["plan"]["sessions"][-1]["stop_after_steps"] == 20
+
+
+def test_the_plan_section_says_a_stand_in_s_eta_is_not_the_configured_model_s():
+    """At --scale tiny the rate is the stand-in's: the report's plan said "0.0 GPU-hours" for the configured
+    horizon as if measured. It now gives the hours it computed and says plainly they are not proven."""
+    from baton.planning.plan import PlanInput, plan
+    from baton.preflight.report import _plan_section
+
+    p = plan(PlanInput(total_steps=20, tokens_per_step=256, rate=200.0, session_hours=12.0)).to_dict()
+    tp = {"numbers": {"plan": p, "picked": "sdpa s32 m4x2"}}
+    tiny = "\n".join(_plan_section(tp, "tiny"))
+    assert "**0.0071 h** of stepping" in tiny and "**0.0071 GPU-hours** billed" in tiny
+    assert "Not the configured model's ETA" in tiny and "not proven for the configured shape" in tiny
+    assert "Not the configured model's ETA" not in "\n".join(_plan_section(tp, "real"))

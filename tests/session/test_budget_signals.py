@@ -2,6 +2,7 @@
 checkpoint, exits 0, and the next session continues from it."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -105,6 +106,34 @@ def test_sigterm_checkpoints_at_the_next_boundary_and_exits_0(make_config, baton
     assert summary["resumed_from_step"] == n and summary["steps_done"] == n + 3
 
 
+def test_sigterm_while_the_data_is_pulled_ends_the_session_cleanly(make_config, tmp_path):
+    """A preemption during the start-up (here: while the data is pulled from data.url, held at the data.pull
+    point) used to kill the process at once (exit -15, no ledger end). The flag is now set from the start:
+    the session stops at its first boundary, bills the start-up and exits 0."""
+    from baton.config import load_config
+    from baton.data.publish import publish
+
+    cfg_path = make_config()
+    url = tmp_path / "relay"
+    publish(load_config(cfg_path, [f'data.url="{url}"']))
+    trace = tmp_path / "trace"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BATON_FAULT_PAUSE": "data.pull=1", "BATON_FAULT_TRACE": str(trace)}
+    proc = subprocess.Popen([sys.executable, "-m", "baton.cli", "train", "-c", str(cfg_path), "--no-progress",
+                             "--set", f'data.url="{url}"', "--set", f'data.dir="{tmp_path / "fresh-data"}"'],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (trace.exists() and trace.read_text().strip()):
+        assert proc.poll() is None and time.time() < deadline, "the data pull did not start"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert "received SIGTERM" in err and "stopping at step 0: SIGTERM" in err
+    (rec,) = _ledger(tmp_path / "store")
+    assert rec["outcome"] == "stopped: SIGTERM" and rec["ended_ts"] > rec["started_ts"] and rec["steps_to"] == 0
+    assert not (tmp_path / "store" / "test" / "latest.json").exists()
+
+
 # The session's handler, in a process of its own: a repeat within the duplicate window is the same
 # request; a later second signal ends the process at once.
 HANDLER = """
@@ -167,3 +196,25 @@ def test_launch_passes_the_launchers_clock_to_every_rank(make_config):
     assert rank_cfg.to_dict() == cfg.to_dict()
     assert session_clock(rank_cfg, a.session_start, a.session_hours, a.deadline) == (
         started, pytest.approx(deadline, abs=1e-5))
+
+
+def test_a_budget_that_cannot_train_a_step_is_refused_before_the_session(make_config):
+    """--session-hours 0 used to mean no budget at all, and a deadline already past (often a time zone left
+    out) started a session that billed only to stop at step 0. Both are one line now; a launched rank, whose
+    clock the launcher checked, is not refused."""
+    from baton.config import load_config
+    from baton.errors import BatonError
+    from baton.session.clock import session_clock
+
+    cfg = load_config(make_config())
+    for hours, deadline, expect in [(0, None, "--session-hours must be > 0"),
+                                    ("0", None, "--session-hours must be > 0"),
+                                    (None, "2020-01-01T00:00Z", "2020-01-01T00:00:00Z, already past"),
+                                    # counted from this (long-lived) process's start: too soon, or already past
+                                    ("0.01", None, "nothing can train before the 5 min margin")]:
+        with pytest.raises(BatonError, match=expect):
+            session_clock(cfg, None, hours, deadline)
+    assert session_clock(cfg, 1.0, None, "2020-01-01T00:00Z") == (1.0, 1577836800.0)
+    now = time.time()
+    started, stop_at = session_clock(cfg, None, None, "2099-01-01T01:00+01:00")
+    assert started <= now and stop_at == 4070908800.0

@@ -137,9 +137,11 @@ GLOBAL_BATCH = 8  # tests/support/helpers.py TEST_TOML
 ACCUM2 = ("--set", "train.micro_batch=2")
 
 
-def expected_batch_shas(data_dir, steps: int) -> list[str]:
-    """What each step must have read, computed here from the global order alone, without any rank."""
+def expected_batch_shas(data_dir, steps: int, skipped: tuple[tuple[int, int], ...] = ()) -> list[str]:
+    """What each step must have read, computed here from the global order alone (stepping over the
+    ``skipped`` stream ranges), without any rank."""
     ds = WindowDataset(data_dir, seq_len=32, shuffle_seed=7, val_windows=16)
+    ds.set_skipped(skipped)
     out = []
     for step in range(steps):
         x, _ = ds.train_batch(step * GLOBAL_BATCH, GLOBAL_BATCH)
