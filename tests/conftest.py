@@ -47,17 +47,38 @@ def make_config(tmp_path, prepared_data):
     return make
 
 
-@pytest.fixture
-def baton_cli():
-    """Run the real `baton` command in a subprocess; returns CompletedProcess."""
+@pytest.fixture(scope="session")
+def cli_zygote():
+    """The `baton` launcher of baton_cli: one pre-imported interpreter per test process, started on first use."""
+    from support.zygote import Zygote
 
-    def run(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600, check: bool = False):
+    z = Zygote()
+    yield z
+    z.close()
+
+
+@pytest.fixture
+def baton_cli(request, tmp_path_factory):
+    """Run the real `baton` command in a process of its own; returns CompletedProcess.
+
+    By default the process is forked from a pre-imported zygote (support/zygote.py): the CLI's own code with
+    this test's environment and working folder, without paying the torch and transformers imports again.
+    ``fresh=True`` starts `python -m baton.cli` from scratch instead, for what only a new interpreter shows
+    (the entry point itself, a clock that starts before Python imports anything)."""
+
+    def run(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600, check: bool = False,
+            fresh: bool = False):
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        p = subprocess.run([sys.executable, "-m", "baton.cli", *args], cwd=cwd or ROOT, env=full_env,
-                           capture_output=True, text=True, timeout=timeout)
+        if fresh:
+            p = subprocess.run([sys.executable, "-m", "baton.cli", *args], cwd=cwd or ROOT, env=full_env,
+                               capture_output=True, text=True, timeout=timeout)
+        else:
+            zygote = request.getfixturevalue("cli_zygote")
+            r = zygote.run(list(args), tmp_path_factory.mktemp("cli-out"), env=full_env, timeout=timeout,
+                           cwd=cwd or ROOT, replace_env=True)
+            p = subprocess.CompletedProcess(["baton", *args], r.returncode, r.stdout, r.stderr)
         if check and p.returncode != 0:
             raise AssertionError(f"baton {' '.join(args)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
         return p
 
     return run
-

@@ -46,7 +46,8 @@ def test_time_budget_stops_in_time_and_the_next_session_continues(make_config, b
     # A horizon far beyond the budget; checkpoints every 0.6 s by the clock, none by step count.
     first = baton_cli("train", "-c", cfg, "--no-progress", "--session-hours", f"{budget}s",
                       "--set", "train.steps=1000000", "--set", "budget.margin_minutes=0.04",
-                      "--set", "budget.ckpt_minutes=0.01", "--set", "budget.ckpt_seconds=1", check=True)
+                      "--set", "budget.ckpt_minutes=0.01", "--set", "budget.ckpt_seconds=1", check=True,
+                      fresh=True)  # a new interpreter: the clock must start before the imports
     summary = json.loads((run_dir / "run_summary.json").read_text())
     n = summary["steps_done"]
     assert summary["stopped_by"] == "time budget" and 0 < n < 1_000_000
