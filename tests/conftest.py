@@ -16,6 +16,9 @@ import pytest
 from support.helpers import write_config
 
 ROOT = Path(__file__).resolve().parent.parent
+# Variables that torch, transformers or huggingface_hub read once, at import: a zygote imported them already,
+# so a command that sets one differently from the zygote's environment starts a fresh interpreter.
+READ_AT_IMPORT = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "CUDA_", "OMP_", "MKL_")
 
 
 def pytest_collection_modifyitems(items):
@@ -69,11 +72,14 @@ def baton_cli(request, tmp_path_factory):
     def run(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600, check: bool = False,
             fresh: bool = False):
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        if fresh:
+        zygote = None if fresh else request.getfixturevalue("cli_zygote")
+        if zygote is not None and any(full_env.get(k) != zygote.env.get(k) for k in {*full_env, *zygote.env}
+                                      if k.startswith(READ_AT_IMPORT)):
+            zygote = None
+        if zygote is None:
             p = subprocess.run([sys.executable, "-m", "baton.cli", *args], cwd=cwd or ROOT, env=full_env,
                                capture_output=True, text=True, timeout=timeout)
         else:
-            zygote = request.getfixturevalue("cli_zygote")
             r = zygote.run(list(args), tmp_path_factory.mktemp("cli-out"), env=full_env, timeout=timeout,
                            cwd=cwd or ROOT, replace_env=True)
             p = subprocess.CompletedProcess(["baton", *args], r.returncode, r.stdout, r.stderr)

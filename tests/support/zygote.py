@@ -114,6 +114,7 @@ class Zygote:
     def __init__(self, env: dict | None = None, unset: tuple[str, ...] = ()):
         full = {k: v for k, v in os.environ.items() if k not in unset}
         full.update({"PYTHONUNBUFFERED": "1", **(env or {})})
+        self.env = full
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve())], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=full, cwd=ROOT)
         hello = self.proc.stdout.readline()
