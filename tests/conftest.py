@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # Variables that torch, transformers or huggingface_hub read once, at import: a zygote imported them already,
 # so a command that sets one differently from the zygote's environment starts a fresh interpreter.
 READ_AT_IMPORT = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "CUDA_", "OMP_", "MKL_")
+# The environment the tests started in, before any test's monkeypatch: the zygote's, whichever test starts it.
+START_ENV = dict(os.environ)
 
 
 def pytest_collection_modifyitems(items):
@@ -51,28 +53,24 @@ def make_config(tmp_path, prepared_data):
 
 
 @pytest.fixture(scope="session")
-def cli_zygote():
-    """The `baton` launcher of baton_cli: one pre-imported interpreter per test process, started on first use."""
-    from support.zygote import Zygote
-
-    z = Zygote()
-    yield z
-    z.close()
-
-
-@pytest.fixture
-def baton_cli(request, tmp_path_factory):
+def baton_cli(tmp_path_factory):
     """Run the real `baton` command in a process of its own; returns CompletedProcess.
 
-    By default the process is forked from a pre-imported zygote (support/zygote.py): the CLI's own code with
-    this test's environment and working folder, without paying the torch and transformers imports again.
-    ``fresh=True`` starts `python -m baton.cli` from scratch instead, for what only a new interpreter shows
-    (the entry point itself, a clock that starts before Python imports anything)."""
+    By default the process is forked from a pre-imported zygote (support/zygote.py, one per test process,
+    started on first use): the CLI's own code with this test's environment and working folder, without paying
+    the torch and transformers imports again. ``fresh=True`` starts `python -m baton.cli` from scratch instead,
+    for what only a new interpreter shows (the entry point itself, a clock that starts before Python imports
+    anything, a hash seed of its own)."""
+    from support.zygote import Zygote
+
+    zygotes: list[Zygote] = []
 
     def run(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600, check: bool = False,
             fresh: bool = False):
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        zygote = None if fresh else request.getfixturevalue("cli_zygote")
+        if not fresh and not zygotes:
+            zygotes.append(Zygote(env=START_ENV, unset=tuple(k for k in os.environ if k not in START_ENV)))
+        zygote = None if fresh else zygotes[0]
         if zygote is not None and any(full_env.get(k) != zygote.env.get(k) for k in {*full_env, *zygote.env}
                                       if k.startswith(READ_AT_IMPORT)):
             zygote = None
@@ -87,4 +85,6 @@ def baton_cli(request, tmp_path_factory):
             raise AssertionError(f"baton {' '.join(args)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
         return p
 
-    return run
+    yield run
+    for z in zygotes:
+        z.close()
