@@ -1,7 +1,9 @@
 """Everything baton does on CUDA, proven in one short run on one GPU: correctness and speed in one table.
 
 Each case runs in its own process (this script again, with ``--case NAME``), so an out-of-memory error or
-a crash in one case costs that row, not the table. The model is the reference shape of
+a crash in one case costs that row, not the table. Under ``--smoke`` the case processes are forked from a
+server that imported torch and transformers once (multiprocessing's forkserver): on CPU the imports would
+cost more than the cases. The model is the reference shape of
 configs/ref-106m.toml (22 layers, hidden 576, 9 heads, 3 KV heads, FFN 1536, vocabulary 49,152, tied),
 trained through baton's own Session on synthetic tokens (uniform below 256, so the loss has somewhere to
 fall: from ln 49,152 = 10.8 towards ln 256 = 5.5).
@@ -55,11 +57,13 @@ import importlib.util
 import json
 import logging
 import math
+import multiprocessing
 import os
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -279,6 +283,38 @@ def case_main(args) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
+def forked_case(argv: list[str], out: str, err: str) -> None:
+    """A case process forked from the pre-imported server (--smoke): this script's own entry point with its
+    output in files, as a subprocess's would be."""
+    os.chdir(ROOT)
+    for fd, path in ((1, out), (2, err)):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+    sys.argv = [__file__, *argv]
+    main()
+
+
+# What every case imports, loaded once by the forkserver that --smoke forks its case processes from.
+FORK_PRELOAD = ["__main__", "torch", "transformers.models.llama.modeling_llama", "baton.loop", "baton.session.core"]
+
+
+def run_forked(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """subprocess.run's result for ``argv`` run by forked_case: its exit status and its output."""
+    ctx = multiprocessing.get_context("forkserver")
+    with tempfile.TemporaryDirectory() as d:
+        out, err = os.path.join(d, "out"), os.path.join(d, "err")
+        proc = ctx.Process(target=forked_case, args=(argv, out, err))
+        proc.start()
+        proc.join(timeout)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+            raise subprocess.TimeoutExpired(argv, timeout)
+        with open(out, errors="replace") as fo, open(err, errors="replace") as fe:
+            return subprocess.CompletedProcess(argv, proc.exitcode, fo.read(), fe.read())
+
+
 # ----------------------------------------------------------------------------------------- the parent
 
 
@@ -302,10 +338,14 @@ def run_case(args, name: str, deadline: float) -> dict:
     left = deadline - time.monotonic()
     if left < (5 if args.smoke else 20):
         return {**row, "status": f"skipped: budget of {args.budget_seconds:g} s spent", "wall_seconds": 0.0}
-    cmd = [sys.executable, __file__, "--case", name, "--work", str(args.work)] + (["--smoke"] if args.smoke else [])
+    argv = ["--case", name, "--work", str(args.work)] + (["--smoke"] if args.smoke else [])
     t0 = time.monotonic()
     try:
-        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=left, check=False)
+        if args.smoke:
+            p = run_forked(argv, left)
+        else:
+            p = subprocess.run([sys.executable, __file__, *argv], cwd=ROOT, capture_output=True, text=True,
+                               timeout=left, check=False)
     except subprocess.TimeoutExpired:
         return {**row, "status": f"timeout: stopped when the budget of {args.budget_seconds:g} s ran out",
                 "wall_seconds": time.monotonic() - t0}
@@ -394,6 +434,8 @@ def parent_main(args) -> int:
     print(f"# gpu_check{' --smoke' if args.smoke else ''}: {machine()}", flush=True)
 
     rows: dict[str, dict] = {}
+    if args.smoke:
+        multiprocessing.set_forkserver_preload(FORK_PRELOAD)
 
     def one(name: str) -> dict:
         r = run_case(args, name, deadline)

@@ -16,6 +16,11 @@ import pytest
 from support.helpers import write_config
 
 ROOT = Path(__file__).resolve().parent.parent
+# Variables that torch, transformers or huggingface_hub read once, at import: a zygote imported them already,
+# so a command that sets one differently from the zygote's environment starts a fresh interpreter.
+READ_AT_IMPORT = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "CUDA_", "OMP_", "MKL_")
+# The environment the tests started in, before any test's monkeypatch: the zygote's, whichever test starts it.
+START_ENV = dict(os.environ)
 
 
 def pytest_collection_modifyitems(items):
@@ -47,17 +52,39 @@ def make_config(tmp_path, prepared_data):
     return make
 
 
-@pytest.fixture
-def baton_cli():
-    """Run the real `baton` command in a subprocess; returns CompletedProcess."""
+@pytest.fixture(scope="session")
+def baton_cli(tmp_path_factory):
+    """Run the real `baton` command in a process of its own; returns CompletedProcess.
 
-    def run(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600, check: bool = False):
+    By default the process is forked from a pre-imported zygote (support/zygote.py, one per test process,
+    started on first use): the CLI's own code with this test's environment and working folder, without paying
+    the torch and transformers imports again. ``fresh=True`` starts `python -m baton.cli` from scratch instead,
+    for what only a new interpreter shows (the entry point itself, a clock that starts before Python imports
+    anything, a hash seed of its own)."""
+    from support.zygote import Zygote
+
+    zygotes: list[Zygote] = []
+
+    def run(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600, check: bool = False,
+            fresh: bool = False):
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        p = subprocess.run([sys.executable, "-m", "baton.cli", *args], cwd=cwd or ROOT, env=full_env,
-                           capture_output=True, text=True, timeout=timeout)
+        if not fresh and not zygotes:
+            zygotes.append(Zygote(env=START_ENV, unset=tuple(k for k in os.environ if k not in START_ENV)))
+        zygote = None if fresh else zygotes[0]
+        if zygote is not None and any(full_env.get(k) != zygote.env.get(k) for k in {*full_env, *zygote.env}
+                                      if k.startswith(READ_AT_IMPORT)):
+            zygote = None
+        if zygote is None:
+            p = subprocess.run([sys.executable, "-m", "baton.cli", *args], cwd=cwd or ROOT, env=full_env,
+                               capture_output=True, text=True, timeout=timeout)
+        else:
+            r = zygote.run(list(args), tmp_path_factory.mktemp("cli-out"), env=full_env, timeout=timeout,
+                           cwd=cwd or ROOT, replace_env=True)
+            p = subprocess.CompletedProcess(["baton", *args], r.returncode, r.stdout, r.stderr)
         if check and p.returncode != 0:
             raise AssertionError(f"baton {' '.join(args)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
         return p
 
-    return run
-
+    yield run
+    for z in zygotes:
+        z.close()

@@ -1,4 +1,5 @@
-"""The embedded default, exactly as `make demo` runs it: real config, real corpus, full horizon."""
+"""The embedded default, exactly as `make demo` runs it: real config, real corpus, full horizon, each command
+in a fresh interpreter."""
 
 import json
 import math
@@ -16,8 +17,16 @@ HANG_S = 3600
 def test_tiny_default_trains_to_a_useful_loss_and_a_rerun_finds_it_complete(tmp_path, baton_cli):
     (tmp_path / "configs").mkdir()
     shutil.copy(ROOT / "configs" / "tiny.toml", tmp_path / "configs" / "tiny.toml")
-    baton_cli("prepare", "-c", "configs/tiny.toml", "--no-progress", cwd=tmp_path, check=True, timeout=HANG_S)
-    first = baton_cli("train", "-c", "configs/tiny.toml", "--no-progress", cwd=tmp_path, check=True, timeout=HANG_S)
+
+    # One torch thread: the suite's other worker shares the cores, and a thread per core beside it makes
+    # every parallel region wait for a descheduled thread (minutes more on a busy machine). The config and
+    # the command are make demo's.
+    def demo(command: str):
+        return baton_cli(command, "-c", "configs/tiny.toml", "--no-progress", cwd=tmp_path, check=True,
+                         timeout=HANG_S, fresh=True, env={"OMP_NUM_THREADS": "1"})
+
+    demo("prepare")
+    first = demo("train")
     assert "starting run 'tiny' at step 0" in first.stderr
 
     summary = json.loads((tmp_path / "runs" / "tiny" / "run_summary.json").read_text())
@@ -27,7 +36,7 @@ def test_tiny_default_trains_to_a_useful_loss_and_a_rerun_finds_it_complete(tmp_
     pointer = json.loads((tmp_path / "store" / "tiny" / "latest.json").read_text())
     assert pointer["complete"] and pointer["step"] == 200 and pointer["final"]["path"] == "final"
 
-    again = baton_cli("train", "-c", "configs/tiny.toml", "--no-progress", cwd=tmp_path, check=True, timeout=HANG_S)
+    again = demo("train")
     assert "is complete" in again.stderr and "Nothing to do" in again.stderr
     assert "train tiny" not in again.stderr  # no training progress at all
     assert json.loads((tmp_path / "runs" / "tiny" / "run_summary.json").read_text()) == summary

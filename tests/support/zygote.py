@@ -7,7 +7,8 @@ ends exactly like ``python -m baton.cli`` would: the CLI's exit status, or statu
 stderr for an exception that escapes. Tests kill the children with real signals.
 
 Protocol (JSON lines on stdin/stdout):
-  {"op": "spawn", "argv": [...], "env": {...}, "cwd": "...", "out": "stdout file", "err": "stderr file"}
+  {"op": "spawn", "argv": [...], "env": {...}, "cwd": "...", "out": "stdout file", "err": "stderr file",
+   "replace_env": false (true: env is the child's whole environment)}
       -> {"pid": N}
   {"op": "wait", "pid": N, "timeout": seconds}  -> {"status": rc or -signal, or null on timeout}
 """
@@ -31,6 +32,8 @@ def _child(req: dict) -> None:
     try:
         os.setsid()  # its own process group: a test may kill it without touching the zygote
         os.chdir(req.get("cwd") or ROOT)
+        if req.get("replace_env"):  # the caller's whole environment, not the zygote's plus changes
+            os.environ.clear()
         os.environ.update(req.get("env") or {})
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -111,6 +114,7 @@ class Zygote:
     def __init__(self, env: dict | None = None, unset: tuple[str, ...] = ()):
         full = {k: v for k, v in os.environ.items() if k not in unset}
         full.update({"PYTHONUNBUFFERED": "1", **(env or {})})
+        self.env = full
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve())], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=full, cwd=ROOT)
         hello = self.proc.stdout.readline()
@@ -126,16 +130,18 @@ class Zygote:
             raise RuntimeError("the zygote died")
         return json.loads(line)
 
-    def spawn(self, argv: list[str], out_dir: Path, env: dict | None = None, cwd: Path | None = None) -> Child:
+    def spawn(self, argv: list[str], out_dir: Path, env: dict | None = None, cwd: Path | None = None,
+              replace_env: bool = False) -> Child:
         self.count += 1
         out_dir.mkdir(parents=True, exist_ok=True)
         out, err = out_dir / f"p{self.count:03d}.out", out_dir / f"p{self.count:03d}.err"
         pid = self._ask({"op": "spawn", "argv": [str(a) for a in argv], "env": env or {}, "cwd": str(cwd or ROOT),
-                         "out": str(out), "err": str(err)})["pid"]
+                         "out": str(out), "err": str(err), "replace_env": replace_env})["pid"]
         return Child(self, pid, out, err)
 
-    def run(self, argv: list[str], out_dir: Path, env: dict | None = None, timeout: float = 300) -> Result:
-        return self.spawn(argv, out_dir, env).wait(timeout)
+    def run(self, argv: list[str], out_dir: Path, env: dict | None = None, timeout: float = 300,
+            cwd: Path | None = None, replace_env: bool = False) -> Result:
+        return self.spawn(argv, out_dir, env, cwd, replace_env).wait(timeout)
 
     def close(self) -> None:
         if self.proc.poll() is None:
