@@ -59,7 +59,7 @@ class LaunchSpec:
     def check(self) -> None:
         problems = []
         if self.nproc < 1:
-            problems.append(f"--nproc must be >= 1, got {self.nproc}")
+            problems.append(f"--nproc must be a whole number >= 1, got {self.nproc}")
         if not re.fullmatch(r"\d+(:\d+)?", self.nnodes):
             problems.append(f"--nnodes must be N or MIN:MAX, got {self.nnodes!r}")
         if self.rdzv_endpoint and self.master_addr:

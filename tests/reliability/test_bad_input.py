@@ -139,7 +139,7 @@ CASES: list[tuple[str, Callable[[Ctx], list[str]], tuple[str, ...]]] = [
      ("--stop-after-steps must be a positive step number, got 0",)),
     ("flag-stop-after-int", lambda c: [*TRAIN, "-c", c.cfg, "--stop-after-steps", "x"],
      ("argument --stop-after-steps: invalid int value: 'x'",)),
-    ("flag-nproc", lambda c: [*TRAIN, "-c", c.cfg, "--nproc", "0"], ("--nproc must be >= 1, got 0",)),
+    ("flag-nproc", lambda c: [*TRAIN, "-c", c.cfg, "--nproc", "0"], ("--nproc must be a whole number >= 1, got 0",)),
     ("flag-resume-path", lambda c: [*TRAIN, "-c", c.cfg, "--resume", str(c.tmp / "nowhere")],
      ("nowhere: no such checkpoint folder", "use auto, never or a folder")),
     ("flag-resume-never", lambda c: [*TRAIN, "-c", c.cfg, "--resume", "never"],
