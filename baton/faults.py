@@ -33,6 +33,7 @@ POINTS = (
     "pointer.readback",  # the pointer is written and about to be read back
     "prune",  # the local copy is gone; retention is about to list and delete old checkpoints
     "prune.delete",  # before each old checkpoint is deleted
+    "resume.moved",  # a push left unfinished by a killed session is now verified; its folder moved to be resumed
     # The dataset's relay (baton.data.publish, baton.data.pull), not part of the checkpoint cycle.
     "data.publish",  # before each data file is put into data.url, and before its manifest
     "data.pull",  # before each data file is downloaded from data.url

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .. import faults
 from ..checkpoint import state as ckstate
 from ..checkpoint.cycle import POINTER, finish_pruning, push_checkpoint
 from ..checkpoint.pull import pull_checkpoint, read_pointer
@@ -169,9 +170,12 @@ def _finish_interrupted_push(s: Parts, pointer: dict[str, Any] | None, allow_cha
         raise ResumeError(f"pushed checkpoint step {step}, but the pointer then read {new and new['step']}")
     # The verified copy is the one the resume would download: it moves where the download would put it.
     folder = s.run_dir / "resume" / f"step-{step}{dist.node_suffix()}"
+    # Older pulls go first: a kill between the move and the resume's tidying must not leave two copies here.
+    _tidy_local(s.run_dir, step, pulls_only=True)
     shutil.rmtree(folder, ignore_errors=True)
     folder.parent.mkdir(parents=True, exist_ok=True)
     os.replace(local, folder)
+    faults.point("resume.moved", step)
     return new, folder
 
 
@@ -208,11 +212,11 @@ def _check_drift(s: Parts, st: dict[str, Any], allow_change: frozenset[str]) -> 
                         s.tokenizer_sha256, allow_change)
 
 
-def _tidy_local(run_dir: Path, step: int) -> None:
-    """Remove what killed sessions left in ``run_dir``: earlier pulls, and local checkpoints up to the pointer's
-    step (the store holds a verified checkpoint at least as new). Each is a full checkpoint of disk; left
-    alone they pile up session after session until a save finds the disk full."""
-    for sub, newest in (("resume", step - 1), ("ckpt", step)):
+def _tidy_local(run_dir: Path, step: int, pulls_only: bool = False) -> None:
+    """Remove what killed sessions left in ``run_dir``: earlier pulls, and (unless ``pulls_only``) local
+    checkpoints up to the pointer's step (the store holds a verified checkpoint at least as new). Each is a full
+    checkpoint of disk; left alone they pile up session after session until a save finds the disk full."""
+    for sub, newest in (("resume", step - 1), ("ckpt", -1 if pulls_only else step)):
         folder = run_dir / sub
         for d in sorted(folder.glob("step-*")) if folder.is_dir() else []:
             n = d.name[len("step-"):].split("-")[0].split(".")[0]

@@ -69,6 +69,27 @@ def test_the_next_session_finishes_the_push_and_loses_no_step(zygote, make_confi
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_kill_right_after_the_finished_push_leaves_one_pulled_checkpoint(zygote, make_config, tmp_path):
+    """The killed session's own pull (step 2, which it resumed from) goes before the finished push's folder
+    moves in: a kill at that moment leaves one pulled checkpoint on disk, not two."""
+    store, runs = tmp_path / "store", tmp_path / "runs"
+    cfg = make_config()
+    _killed_before_the_pointer(zygote, cfg, tmp_path)
+    assert sorted(d.name for d in (runs / "test" / "resume").iterdir()) == ["step-2"]
+
+    trace = tmp_path / "trace-moved"
+    child = zygote.spawn(["train", "-c", cfg, *ARGS], tmp_path / "out",
+                         env={TRACE_ENV: str(trace), PAUSE_ENV: "resume.moved=60"})
+    deadline = time.monotonic() + 120
+    while not (trace.is_file() and "resume.moved 4 " in trace.read_text()):
+        assert child.alive() and time.monotonic() < deadline, child.wait(5).stderr[-3000:]
+        time.sleep(0.01)
+    child.kill()
+    assert child.wait(30).returncode == -9
+    assert json.loads((store / "test" / "latest.json").read_text())["step"] == 4
+    assert sorted(d.name for d in (runs / "test" / "resume").iterdir()) == ["step-4"]
+
+
 @pytest.mark.parametrize("damage", ["other parent", "no config", "not json"])
 def test_a_local_checkpoint_off_the_pointers_line_or_unreadable_is_left_alone(damage, zygote, make_config,
                                                                               tmp_path):
