@@ -526,6 +526,11 @@ def _semantic_problems(cfg: Config) -> list[str]:
         # Named, never echoed: the config is printed, logged and saved in every checkpoint.
         p.append("store.url must not carry credentials (user:password@ in the URL or in its endpoint); set "
                  "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (S3) or HF_TOKEN (Hub) in the environment instead")
+    from .guard import file_url_problem
+
+    for key, url in (("store.url", s.url), ("data.url", d.url), ("publish.url", cfg.publish.url)):
+        if url and (problem := file_url_problem(url, key)):
+            p.append(problem)
     p.extend(_data_url_problems(d, s))
     p.extend(_publish_problems(cfg))
     b = cfg.budget

@@ -82,7 +82,7 @@ class _InStore:
     def __init__(self, url: str):
         from ..store import open_store
 
-        self.store = open_store(url)
+        self.store = open_store(url, key="data folder")
         self.tmp = Path(tempfile.mkdtemp(prefix="baton-verify-"))
 
     def describe(self) -> str:
