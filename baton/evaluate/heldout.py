@@ -88,9 +88,9 @@ def file_rows(path: Path, tok: Tokenizer, eos_id: int, seq_len: int, field: str)
         raise BatonError(f"eval file {path} not found (fix eval.files or --files)")
     try:
         text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
+    except UnicodeDecodeError as bad:
         # Decoded with replacement characters it would be scored all the same, as a number that means nothing.
-        raise BatonError(f"eval file {path} is not UTF-8 text (byte {e.start:,} is not UTF-8): give text or JSONL "
+        raise BatonError(f"eval file {path} is not UTF-8 text (byte {bad.start:,} is not UTF-8): give text or JSONL "
                          "files (fix eval.files or --files)") from None
     if path.suffix in (".jsonl", ".json"):
         docs = []
