@@ -32,6 +32,7 @@ DECAY_SHAPES = ("linear", "cosine", "1-sqrt")  # optim.decay_shape, the wsd cool
 PARALLEL = ("ddp", "fsdp")
 SOURCE_KINDS = ("stdlib", "text", "jsonl", "parquet", "hf_dataset")
 SPIKE_POLICIES = ("log", "rollback", "stop")
+MAX_STORE_RETRIES = 100  # store.retries
 
 
 @dataclass
@@ -137,7 +138,7 @@ class StoreConfig:
     keep_last: int = 2  # verified checkpoints kept in the store
     verify: str = "sample"  # sample (listing + ranged windows) | full (reread every byte)
     async_push: bool = True  # upload + verify in the background while training goes on (one at a time)
-    retries: int = 6  # attempts per store call on transient errors (timeouts, resets, 429, 5xx)
+    retries: int = 6  # attempts per store call on transient errors (timeouts, resets, 429, 5xx); 1 to 100
     retry_seconds: float = 300.0  # no retry starts after this long; then the push fails
     request_timeout: float = 120.0  # seconds an S3/Hub request may wait on a silent server; then it is retried
 
@@ -513,7 +514,10 @@ def _semantic_problems(cfg: Config) -> list[str]:
     if s.verify not in ("sample", "full"):
         p.append(f"store.verify={s.verify!r} is not sample or full")
     positive("store.keep_last", s.keep_last)
-    positive("store.retries", s.retries)
+    if positive("store.retries", s.retries) and s.retries > MAX_STORE_RETRIES:
+        # A count past this is a slip, not a policy: how long retrying may last is store.retry_seconds' to bound.
+        p.append(f"store.retries must be at most {MAX_STORE_RETRIES}, got {s.retries} (to retry for longer, raise "
+                 "store.retry_seconds)")
     positive("store.retry_seconds", s.retry_seconds)
     positive("store.request_timeout", s.request_timeout)
     if not s.url:
@@ -522,6 +526,11 @@ def _semantic_problems(cfg: Config) -> list[str]:
         # Named, never echoed: the config is printed, logged and saved in every checkpoint.
         p.append("store.url must not carry credentials (user:password@ in the URL or in its endpoint); set "
                  "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (S3) or HF_TOKEN (Hub) in the environment instead")
+    from .guard import file_url_problem
+
+    for key, url in (("store.url", s.url), ("data.url", d.url), ("publish.url", cfg.publish.url)):
+        if url and (problem := file_url_problem(url, key)):
+            p.append(problem)
     p.extend(_data_url_problems(d, s))
     p.extend(_publish_problems(cfg))
     b = cfg.budget

@@ -59,10 +59,22 @@ def input_dir(path: str | Path, what: str, fix: str) -> Path:
     return p
 
 
-def local_store_root(url: str) -> Path | None:
+def file_url_problem(url: str, key: str) -> str | None:
+    """What is wrong with a file:// URL that names no absolute path, else None. After ``file://`` comes a host:
+    file://rel/x is host "rel", path "/x", and taking it as the relative folder rel/x would be a guess."""
+    if not url.startswith("file://") or url.startswith("file:///"):
+        return None
+    shown = url if "@" not in url else "file://…"  # never echo what may be credentials
+    return (f"{key} {shown} is a file:// URL without an absolute path (what follows file:// is read as a host): "
+            "write file:///absolute/path or a plain path")
+
+
+def local_store_root(url: str, key: str = "store.url") -> Path | None:
     """The folder of a local store; None for a remote one."""
     if url.startswith(("s3://", "hf://")) or ("://" in url and not url.startswith("file://")):
         return None
+    if problem := file_url_problem(url, key):
+        raise PathError(problem)
     return Path(url.removeprefix("file://"))
 
 
@@ -104,7 +116,7 @@ def check_layout(cfg: Config, writes: tuple[str, ...] = ()) -> None:
     root = local_store_root(cfg.store.url)
     # Where baton publishes (the dataset, the model) is written by publishing: never the checkpoint store's folder.
     for key, url in (("data.url", cfg.data.url), ("publish.url", cfg.publish.url)):
-        target = local_store_root(url) if url else None
+        target = local_store_root(url, key) if url else None
         if root is None or target is None:
             continue
         if _inside(resolved(target), resolved(root)) or _inside(resolved(root), resolved(target)):

@@ -296,7 +296,7 @@ def cmd_verify_data(args) -> int:
         from ..guard import input_dir, local_store_root
 
         folder = args.dir
-        root = local_store_root(folder)
+        root = local_store_root(folder, "--dir")
         if root is not None:
             input_dir(root, "--dir", "give the data folder `baton prepare` wrote")
     elif args.config:

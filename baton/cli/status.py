@@ -47,7 +47,8 @@ def run_status(args, cfg: Config) -> int:
     if s["pointer_problem"]:
         print(f"pointer: PROBLEM: {s['pointer_problem']}")
     elif s["pointer_step"] is None:
-        print("pointer: none (the next `baton train` starts at step 0)")
+        print(f"pointer: none: no verified checkpoint in the store yet (the next `baton train` starts at step 0 of "
+              f"{s['total_steps']:,})")
     else:
         print(f"pointer: step {s['pointer_step']:,} of {s['total_steps']:,} at {s['pointer_path']}"
               + (" (run complete)" if s["complete"] else ""))

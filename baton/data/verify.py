@@ -8,6 +8,8 @@ which are hashed here, never taken on the store's word. Checks:
   tokens add up to ``total_tokens``, the fingerprint matches the shard list;
 - every listed shard exists, has the size its token count implies, a valid header with that count, and
   the sha256 the manifest records; no shard file exists that the manifest does not list;
+- every token id in a shard is below the tokenizer's ``vocab_size`` (one max per shard: shards that hash
+  right but were written with another tokenizer would otherwise fail only in training);
 - the tokenizer file has the recorded sha256.
 
 Every problem names its file, one problem per file.
@@ -25,7 +27,7 @@ from typing import Any
 from ..errors import DataError, StoreError
 from ..hashing import sha256_file
 from .manifest import MANIFEST, bad_shard_names, manifest_problems, parse_manifest
-from .shards import HEADER_SIZE, read_header
+from .shards import HEADER_SIZE, open_shard, read_header
 
 
 @dataclass
@@ -69,10 +71,9 @@ class _Folder:
             raise DataError(f"data folder {self.path} does not exist (run `baton prepare --config ...` first)")
         return {e.name: e.stat().st_size for e in os.scandir(self.path) if e.is_file()}
 
-    def inspect(self, name: str) -> tuple[int, str]:
-        """(token count from the header, sha256); DataError when the header is bad."""
-        path = self.path / name
-        return read_header(path)[1], sha256_file(path)
+    def inspect(self, name: str) -> tuple[int, str, int]:
+        """(token count from the header, sha256, largest token id); DataError when the header is bad."""
+        return _inspect(self.path / name)
 
 
 class _InStore:
@@ -81,7 +82,7 @@ class _InStore:
     def __init__(self, url: str):
         from ..store import open_store
 
-        self.store = open_store(url)
+        self.store = open_store(url, key="data folder")
         self.tmp = Path(tempfile.mkdtemp(prefix="baton-verify-"))
 
     def describe(self) -> str:
@@ -95,11 +96,11 @@ class _InStore:
         listing = self.store.list("", checksums=False)
         return {k: info.size for k, info in listing.items() if "/" not in k}
 
-    def inspect(self, name: str) -> tuple[int, str]:
+    def inspect(self, name: str) -> tuple[int, str, int]:
         local = self.tmp / name
         try:
             self.store.get_file(name, local)
-            return read_header(local)[1], sha256_file(local)
+            return _inspect(local)
         finally:
             local.unlink(missing_ok=True)
 
@@ -108,6 +109,12 @@ class _InStore:
             self.tmp.rmdir()
         except OSError:
             pass
+
+
+def _inspect(path: Path) -> tuple[int, str, int]:
+    count = read_header(path)[1]
+    tokens = open_shard(path)
+    return count, sha256_file(path), int(tokens.max()) if tokens.size else -1
 
 
 def verify_data(location: str, workers: int = 0) -> VerifyReport:
@@ -141,6 +148,8 @@ def _verify(where, workers: int) -> VerifyReport:
     for extra in sorted(set(found) - set(names)):
         problems.append(f"{extra}: shard file not listed in the manifest")
 
+    vocab = int(m["tokenizer"]["vocab_size"])
+
     def check(s: dict[str, Any]) -> tuple[bool, str | None]:
         """(hashed, problem) for one shard."""
         name, tokens = s["file"], int(s["tokens"])
@@ -151,13 +160,16 @@ def _verify(where, workers: int) -> VerifyReport:
             return False, (f"{name}: {sizes[name]:,} bytes, but {tokens:,} tokens make {expected:,}: "
                            "truncated or padded (rerun `baton prepare`)")
         try:
-            count, digest = where.inspect(name)
+            count, digest, top = where.inspect(name)
         except (DataError, StoreError) as e:
             return False, f"{name}: {e}"
         if count != tokens:
             return True, f"{name}: header holds {count:,} tokens, manifest says {tokens:,}"
         if digest != s["sha256"]:
             return True, f"{name}: sha256 {digest[:12]}… differs from the manifest's {s['sha256'][:12]}…"
+        if top >= vocab:
+            return True, (f"{name}: holds token id {top}, outside the tokenizer's {vocab} tokens: the shards were not "
+                          "written with this tokenizer (rerun `baton prepare`)")
         return True, None
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:  # hashlib and file I/O release the GIL

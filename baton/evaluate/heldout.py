@@ -86,7 +86,12 @@ def file_rows(path: Path, tok: Tokenizer, eos_id: int, seq_len: int, field: str)
     each document), cut with stride L like the run's own windows; a file shorter than one window is one row."""
     if not path.is_file():
         raise BatonError(f"eval file {path} not found (fix eval.files or --files)")
-    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as bad:
+        # Decoded with replacement characters it would be scored all the same, as a number that means nothing.
+        raise BatonError(f"eval file {path} is not UTF-8 text (byte {bad.start:,} is not UTF-8): give text or JSONL "
+                         "files (fix eval.files or --files)") from None
     if path.suffix in (".jsonl", ".json"):
         docs = []
         for n, line in enumerate(text.splitlines(), 1):

@@ -18,14 +18,19 @@ def write_report(doc: dict[str, Any], out: Path) -> Path:
     plots = {"loss": plot_loss(doc, out / "loss.png"), "throughput": plot_throughput(doc, out / "throughput.png"),
              "hours": plot_hours(doc, out / "hours.png")}
     tps = doc["tokens_per_step"]
-    step = doc["pointer_step"] or 0
+    step = doc["pointer_step"]
     led = doc["ledger"]
     lines = [f"# Run report: {doc['run']}", "",
              f"Store: {doc['store']}. Read from the store alone: the pointer's checkpoint (its metrics.jsonl) and the "
-             "ledger; steps a running session has not checkpointed yet are not in it.", "",
-             f"- progress: step {step:,} of {doc['total_steps']:,} ({step * tps:,} of {doc['total_steps'] * tps:,} tokens)"
-             + (", run complete" if doc["complete"] else ""),
-             f"- last training loss: {_f(doc['last_train_loss'], '.4f')} (step {step})"]
+             "ledger; steps a running session has not checkpointed yet are not in it.", ""]
+    if step is None:
+        # "step 0 of N" would read as a checkpoint at step 0; there is none to report progress from.
+        lines.append(f"- progress: no verified checkpoint in the store yet (the next `baton train` starts at step 0 "
+                     f"of {doc['total_steps']:,})")
+    else:
+        lines += [f"- progress: step {step:,} of {doc['total_steps']:,} ({step * tps:,} of "
+                  f"{doc['total_steps'] * tps:,} tokens)" + (", run complete" if doc["complete"] else ""),
+                  f"- last training loss: {_f(doc['last_train_loss'], '.4f')} (step {step})"]
     if doc["val"]:
         v = doc["val"][-1]
         lines.append(f"- last validation: loss {_f(v['val_loss'], '.4f')}, perplexity {_f(v['val_ppl'], '.2f')} "

@@ -99,6 +99,13 @@ def test_bool_is_not_an_int(tmp_path):
         load_config(_bad(tmp_path, "[train]\nsteps = true\n"))
 
 
+def test_store_retries_has_an_upper_bound():
+    assert load_config(None, ["store.retries=100"]).store.retries == 100
+    with pytest.raises(ConfigError, match=r"store.retries must be at most 100, got 1000000000 \(to retry for "
+                                          r"longer, raise store.retry_seconds\)"):
+        load_config(None, ["store.retries=1000000000"])
+
+
 def test_overrides_are_typed(tmp_path):
     cfg = load_config(None, ["optim.lr=3e-4", "store.url=s3://bucket/runs", "model.grad_ckpt=true"])
     assert cfg.optim.lr == 3e-4 and cfg.store.url == "s3://bucket/runs" and cfg.model.grad_ckpt is True

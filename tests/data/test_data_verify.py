@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from baton.data.manifest import load_manifest
-from baton.data.shards import HEADER_SIZE
+from baton.data.manifest import corpus_fingerprint, load_manifest
+from baton.data.shards import HEADER_SIZE, open_shard, write_shard
 from baton.data.verify import verify_data
 
 
@@ -44,7 +44,20 @@ DAMAGE = {
     "total disagrees": lambda d, m: (_edit_manifest(d, total_tokens=m["total_tokens"] + 1), "manifest.json"),
     "count disagrees": lambda d, m: (_edit_manifest(d, n_shards=m["n_shards"] - 1), "manifest.json"),
     "tokenizer changed": lambda d, m: (_flip(d / "tokenizer.json", 40), "tokenizer.json"),
+    "token outside the vocabulary": lambda d, m: (None, _foreign_token(d, m)),
 }
+
+
+def _foreign_token(folder: Path, m: dict) -> str:
+    """Shard 1 rewritten with one token id the tokenizer does not have, its manifest record (sha256 and the
+    fingerprint) updated to match: only the vocabulary check can catch it."""
+    s = m["shards"][1]
+    tokens = open_shard(folder / s["file"]).copy()
+    tokens[57] = m["tokenizer"]["vocab_size"]
+    s["sha256"] = write_shard(folder / s["file"], tokens)
+    _edit_manifest(folder, shards=m["shards"],
+                   fingerprint=corpus_fingerprint(m["shards"], m["tokenizer"]["sha256"], m["dtype"]))
+    return s["file"]
 
 
 def _truncate(path: Path) -> None:
@@ -70,6 +83,10 @@ def test_each_damage_is_caught_and_named(copy, how, damage):
     assert not report.ok
     assert len(report.problems) == 1, report.problems
     assert report.problems[0].startswith(name + ":"), report.problems
+    if damage == "token outside the vocabulary":
+        vocab = load_manifest(copy)["tokenizer"]["vocab_size"]
+        assert report.problems[0] == (f"{name}: holds token id {vocab}, outside the tokenizer's {vocab} tokens: the "
+                                      "shards were not written with this tokenizer (rerun `baton prepare`)")
 
 
 def test_cli_prints_one_summary_line_and_exits_nonzero_naming_each_bad_file(copy, baton_cli):
