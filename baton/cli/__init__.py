@@ -170,15 +170,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What torchrun tells each rank, as whole numbers.
+TORCHRUN_VARIABLES = {"RANK": "a rank number", "LOCAL_RANK": "a rank number", "GROUP_RANK": "a rank number",
+                      "WORLD_SIZE": "a process count", "LOCAL_WORLD_SIZE": "a process count"}
+
+
 def main(argv: list[str] | None = None) -> int:
     from ..runtime import logs
 
-    try:
-        rank = int(os.environ.get("RANK", 0))
-    except ValueError:  # before logging is set up: said here, in the one line every user error gets
-        print(f"baton: error: the environment variable RANK={os.environ['RANK']!r} is not a rank number (torchrun "
-              "sets it for its ranks; unset it to run one process)", file=sys.stderr)
-        return 2
+    for name, what in TORCHRUN_VARIABLES.items():
+        # Checked before logging is set up (it needs the rank), in the one line every user error gets; read
+        # as numbers later by code paths far from the command line.
+        value = os.environ.get(name)
+        if value is not None and not (value.isascii() and value.isdigit()):
+            print(f"baton: error: the environment variable {name}={value!r} is not {what} (torchrun sets it for "
+                  "its ranks; unset it to run one process)", file=sys.stderr)
+            return 2
+    rank = int(os.environ.get("RANK", 0))
     logs.setup(rank)
     status = 1
     try:

@@ -422,10 +422,14 @@ def test_bad_input_one_line_exit_2_store_untouched(case, base, exported, tmp_pat
     assert tree_hash(tmp_path / "store") == own
 
 
-def test_a_rank_variable_that_is_not_a_number_is_one_line(monkeypatch, base, capsys):
-    monkeypatch.setenv("RANK", "abc")
+@pytest.mark.parametrize("name, value, what", [
+    ("RANK", "abc", "a rank number"), ("LOCAL_RANK", "-1", "a rank number"), ("WORLD_SIZE", "2.0", "a process count"),
+    ("LOCAL_WORLD_SIZE", "x", "a process count"),
+])
+def test_a_torchrun_variable_that_is_not_a_number_is_one_line(name, value, what, monkeypatch, base, capsys):
+    monkeypatch.setenv(name, value)
     assert_input_error(run_in_process(["status", *_cfg(B(base, base))], capsys),
-                       "the environment variable RANK='abc' is not a rank number", "unset it")
+                       f"the environment variable {name}={value!r} is not {what}", "unset it")
 
 
 @pytest.mark.parametrize("endpoint, expect", [
