@@ -33,6 +33,8 @@ PARALLEL = ("ddp", "fsdp")
 SOURCE_KINDS = ("stdlib", "text", "jsonl", "parquet", "hf_dataset")
 SPIKE_POLICIES = ("log", "rollback", "stop")
 MAX_STORE_RETRIES = 100  # store.retries
+MAX_STORE_RETRY_SECONDS = 86400.0  # store.retry_seconds: a day, longer than any session
+MAX_STORE_REQUEST_TIMEOUT = 3600.0  # store.request_timeout: an hour of silence is a dead connection
 
 
 @dataclass
@@ -139,8 +141,8 @@ class StoreConfig:
     verify: str = "sample"  # sample (listing + ranged windows) | full (reread every byte)
     async_push: bool = True  # upload + verify in the background while training goes on (one at a time)
     retries: int = 6  # attempts per store call on transient errors (timeouts, resets, 429, 5xx); 1 to 100
-    retry_seconds: float = 300.0  # no retry starts after this long; then the push fails
-    request_timeout: float = 120.0  # seconds an S3/Hub request may wait on a silent server; then it is retried
+    retry_seconds: float = 300.0  # no retry starts after this long; then the push fails; up to 86400 (a day)
+    request_timeout: float = 120.0  # seconds an S3/Hub request may wait on a silent server, then retried; up to 3600
 
 
 @dataclass
@@ -518,8 +520,12 @@ def _semantic_problems(cfg: Config) -> list[str]:
         # A count past this is a slip, not a policy: how long retrying may last is store.retry_seconds' to bound.
         p.append(f"store.retries must be at most {MAX_STORE_RETRIES}, got {s.retries} (to retry for longer, raise "
                  "store.retry_seconds)")
-    positive("store.retry_seconds", s.retry_seconds)
-    positive("store.request_timeout", s.request_timeout)
+    # Past these a value is a slip (an hour typed as milliseconds), and the sockets' own limits refuse it mid-run.
+    if positive("store.retry_seconds", s.retry_seconds) and s.retry_seconds > MAX_STORE_RETRY_SECONDS:
+        p.append(f"store.retry_seconds must be at most {MAX_STORE_RETRY_SECONDS:g} (a day), got {s.retry_seconds:g}")
+    if positive("store.request_timeout", s.request_timeout) and s.request_timeout > MAX_STORE_REQUEST_TIMEOUT:
+        p.append(f"store.request_timeout must be at most {MAX_STORE_REQUEST_TIMEOUT:g} seconds (an hour), got "
+                 f"{s.request_timeout:g}")
     if not s.url:
         p.append("store.url is empty (a local folder, s3://bucket/prefix or hf://owner/repo)")
     elif _url_has_credentials(s.url):

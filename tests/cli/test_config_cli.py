@@ -106,6 +106,15 @@ def test_store_retries_has_an_upper_bound():
         load_config(None, ["store.retries=1000000000"])
 
 
+def test_store_retry_seconds_and_request_timeout_have_upper_bounds():
+    cfg = load_config(None, ["store.retry_seconds=86400", "store.request_timeout=3600"])
+    assert (cfg.store.retry_seconds, cfg.store.request_timeout) == (86400, 3600)
+    with pytest.raises(ConfigError, match=r"store.retry_seconds must be at most 86400 \(a day\), got 1e\+07"):
+        load_config(None, ["store.retry_seconds=1e7"])
+    with pytest.raises(ConfigError, match=r"store.request_timeout must be at most 3600 seconds \(an hour\), got 3601"):
+        load_config(None, ["store.request_timeout=3601"])
+
+
 def test_overrides_are_typed(tmp_path):
     cfg = load_config(None, ["optim.lr=3e-4", "store.url=s3://bucket/runs", "model.grad_ckpt=true"])
     assert cfg.optim.lr == 3e-4 and cfg.store.url == "s3://bucket/runs" and cfg.model.grad_ckpt is True
