@@ -99,7 +99,7 @@ def test_kaggle_notebook_trains_on_two_ranks_with_their_output_in_the_cell(kerne
     nb, err = execute("kaggle_2xT4", tmp_path / "cwd", kernel_manager, **smoke(tmp_path, prepared_data, NPROC=2))
     assert err is None, err
     out = text(train_cell(nb))
-    assert "torch.distributed.run --nproc-per-node 2" in out  # the launcher of `baton train --nproc 2`
+    assert "baton.runtime.agent --nproc-per-node 2" in out  # the launcher of `baton train --nproc 2`
     assert "starting run 'smoke' at step 0" in out  # rank 0's log, copied from its process into the cell
     assert "session ended at step 8 of 8" in out
     p = pointer(tmp_path / "work" / "store")

@@ -193,8 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         status = COMMANDS[args.command](args)
     except BatonError as e:
-        # Every rank prints its own error; ranks other than 0 say which they are.
-        print(f"{f'[rank {rank}] ' if rank else ''}baton: error: {e}", file=sys.stderr)
+        # Every rank prints its own error, ranks other than 0 saying which they are; under baton's launcher,
+        # which prints each different error once when the ranks are done, only to the log.
+        if not os.environ.get(logs.LAUNCHED):
+            print(f"{f'[rank {rank}] ' if rank else ''}baton: error: {e}", file=sys.stderr)
         logs.file_only(logging.ERROR, f"baton: error: {e}")
         status = 2
     except KeyboardInterrupt:

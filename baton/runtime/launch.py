@@ -8,7 +8,8 @@ The launcher adds three things to a bare ``torchrun -m baton.cli train``:
   received signal as a failure).
 - On failure it reads every rank's log file (``<run dir>/logs/rank-<r>.log``, the part this launch
   wrote) and prints each rank's tracebacks in full, the first to fail marked, instead of torchrun's
-  summary that shows one rank and no traceback.
+  summary that shows one rank and no traceback (``agent`` runs torchrun without it). When the ranks
+  stopped on a user error, it prints that error's one line (each different one once) and where the logs are.
 - Multi-node options pass through to torchrun unchanged in meaning.
 """
 
@@ -28,7 +29,8 @@ from pathlib import Path
 from typing import IO, Any, TextIO
 
 from ..errors import BatonError
-from .logs import EXIT_RECORD, RECORD_START, TRACEBACK_HEAD
+from .agent import USER_ERROR
+from .logs import EXIT_RECORD, LAUNCHED, RECORD_START, TRACEBACK_HEAD
 
 log = logging.getLogger("baton")
 
@@ -96,8 +98,9 @@ def _torchrun_options() -> frozenset[str]:
 
 
 def torchrun_command(spec: LaunchSpec, train_args: list[str], run_name: str = "baton") -> list[str]:
-    """The torchrun command line: the command-line *module* running ``train`` (``-m baton.cli train``), never a script path."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(spec.nproc)]
+    """The torchrun command line (through ``agent``): the command-line *module* running ``train``
+    (``-m baton.cli train``), never a script path."""
+    cmd = [sys.executable, "-m", "baton.runtime.agent", "--nproc-per-node", str(spec.nproc)]
     if not spec.multi_node:
         cmd.append("--standalone")  # a free port of its own: two runs on one machine do not collide
     elif spec.rdzv_endpoint:
@@ -216,7 +219,7 @@ def launch(spec: LaunchSpec, train_args: list[str], log_dir: Path, run_name: str
     before = log_sizes(log_dir)
     # A session of its own: signals reach torchrun once, from here, not also from the terminal.
     pipe: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if output is not None else {}
-    proc = subprocess.Popen(cmd, start_new_session=True, **pipe)
+    proc = subprocess.Popen(cmd, start_new_session=True, env={**os.environ, LAUNCHED: "1"}, **pipe)
     copier = None
     if output is not None:
         copier = threading.Thread(target=_copy_output, args=(proc.stdout, output), name="baton-rank-output",
@@ -250,10 +253,25 @@ def launch(spec: LaunchSpec, train_args: list[str], log_dir: Path, run_name: str
         log.info("baton: stopped on %s: all %d local ranks checkpointed and exited cleanly",
                  signal.Signals(received[0]).name, len(ranks))
         return 0
+    errors = user_errors(ranks) if rc == USER_ERROR else []
+    if errors:
+        report = "\n".join([f"baton: the ranks stopped on a user error; their logs: "
+                             f"{', '.join(str(r.path) for r in ranks)}", *errors])
+        print(report, file=sys.stderr if output is None else output, flush=True)
+        return USER_ERROR
     print(failure_report(ranks, log_dir, spec.nproc, rc), file=sys.stderr if output is None else output, flush=True)
-    if statuses and all(s == 2 for s in statuses):
-        return 2  # every rank stopped on the same user error (already printed as `baton: error: ...`)
     return rc if rc > 0 else 1
+
+
+def user_errors(ranks: list[RankLog]) -> list[str]:
+    """Each different ``baton: error: ...`` the ranks logged, once, in rank order."""
+    out: list[str] = []
+    for r in ranks:
+        for record in r.errors:
+            at = record.find("baton: error: ")
+            if at >= 0 and record[at:].rstrip() not in out:
+                out.append(record[at:].rstrip())
+    return out
 
 
 def _copy_output(pipe: IO[bytes], output: TextIO) -> None:

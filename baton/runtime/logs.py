@@ -18,6 +18,8 @@ _FMT = "%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"
 RECORD_START = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} \[rank \d+\] ")
 EXIT_RECORD = re.compile(r"\bEXIT rank=(\d+) status=(-?\d+)$")
 TRACEBACK_HEAD = "Traceback (most recent call last):"
+# Set by `baton train --nproc`'s launcher for its ranks: it says their user errors, once, from their logs.
+LAUNCHED = "BATON_LAUNCHED"
 
 log = logging.getLogger("baton")
 

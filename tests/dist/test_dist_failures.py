@@ -8,8 +8,10 @@ import subprocess
 import sys
 import time
 
+from baton.runtime.agent import user_error_only
 from baton.runtime.launch import LaunchSpec, parse_rank_log, torchrun_command
-from support.distrun import ROOT, rank_env
+from support.distrun import ROOT, baton_train, rank_env
+from support.helpers import write_config
 
 # Gloo notices a dead peer as soon as its socket closes and torchrun tears the group down on the first
 # failed worker; the collective timeout (train.dist_timeout) is only the last resort. It is set far past
@@ -42,6 +44,27 @@ def test_one_rank_failing_stops_every_rank_and_the_launcher_prints_its_traceback
     assert "Traceback (most recent call last):" in section0
     # No checkpoint was ever verified, so nothing claims one.
     assert not (run.store / "test" / "latest.json").exists()
+
+
+def test_a_user_error_in_the_ranks_is_one_line_without_torchruns_report(tmp_path):
+    """Found only by the ranks (the data folder is missing): baton's one line, not torchrun's traceback too."""
+    cfg = write_config(tmp_path / "cfg.toml", data_dir=tmp_path / "no-data", store=tmp_path / "store",
+                       runs=tmp_path / "runs")
+    p = baton_train(cfg, "--nproc", "2")
+    out = p.stdout + p.stderr
+    assert p.returncode == 2, out
+    assert "Traceback" not in out and "ChildFailedError" not in out and "exitcode" not in out, out
+    line = (f"baton: error: data folder {tmp_path / 'no-data'} does not exist (run `baton prepare --config ...` "
+            "first)")
+    assert [x for x in out.splitlines() if "baton: error:" in x] == [line], out  # once, not once per rank
+    assert p.stderr.rstrip("\n").splitlines()[-1] == line
+    assert f"their logs: {tmp_path / 'runs' / 'test' / 'logs' / 'rank-'}" in p.stderr
+
+
+def test_only_a_user_error_with_ranks_stopped_for_it_is_reported_as_one():
+    sigterm, sigkill = -signal.SIGTERM, -signal.SIGKILL
+    assert user_error_only([2, 2]) and user_error_only([2, sigterm])  # torchrun stopped the other rank
+    assert not user_error_only([2, 1]) and not user_error_only([sigkill, 2]) and not user_error_only([sigterm])
 
 
 def test_sigterm_to_the_launcher_stops_all_ranks_at_one_step_with_a_verified_checkpoint(runs):
@@ -83,7 +106,7 @@ def test_sigterm_to_the_launcher_stops_all_ranks_at_one_step_with_a_verified_che
 
 def test_torchrun_command_single_and_multi_node():
     single = torchrun_command(LaunchSpec(nproc=4), ["--config", "c.toml"], "myrun")
-    assert single[1:3] == ["-m", "torch.distributed.run"]
+    assert single[1:3] == ["-m", "baton.runtime.agent"]  # torchrun's main, its failure report left to baton
     assert "--standalone" in single and single[single.index("--nproc-per-node") + 1] == "4"
     assert single[-5:] == ["-m", "baton.cli", "train", "--config", "c.toml"]  # the module, never a script path
     rdzv = torchrun_command(LaunchSpec(nproc=8, nnodes="2", rdzv_endpoint="10.0.0.1:29400"), [], "myrun")

@@ -31,8 +31,8 @@ def test_two_ranks_match_one_rank(ref2, ref1, prepared_data):
     assert m2[-1]["samples_consumed"] == 20 * GLOBAL_BATCH  # global, not per rank
     assert_complete_and_verified(ref2)
     assert_complete_and_verified(ref1)
-    # The launcher ran torchrun with the training module, not a script path.
-    assert re.search(r"torch\.distributed\.run .*-m baton\.cli train ", ref2.output)
+    # The launcher ran torchrun (through baton's agent) with the training module, not a script path.
+    assert re.search(r"baton\.runtime\.agent .*-m baton\.cli train ", ref2.output)
 
 
 def test_every_rank_logs_and_peak_memory_is_the_max_over_ranks(ref2):
