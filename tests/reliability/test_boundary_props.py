@@ -131,20 +131,13 @@ MODEL_FILES = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_
 
 @pytest.mark.parametrize("name", MODEL_FILES)
 def test_damaged_exported_model(name, base, exported, capsys):
-    original = (exported / name).read_bytes()
     before = tree_hash(base / "store")
 
-    @FEW
-    @given(data=damage(original))
-    def prop(data):
-        with tempfile.TemporaryDirectory() as tmp:
-            d = Path(tmp) / "model"
-            shutil.copytree(exported, d)
-            (d / name).write_bytes(data)
-            o = run_in_process(["sample", "--from", str(d), "--max-new-tokens", "1"], capsys)
-            _check(o, base / "store", before)
+    def sample(model: Path, tmp: Path) -> None:
+        o = run_in_process(["sample", "--from", str(model), "--max-new-tokens", "1"], capsys)
+        _check(o, base / "store", before)
 
-    prop()
+    _on_damaged_copies(exported, Path(name), sample)
 
 
 STORE_FILES = ["latest.json", "state.json", "model.safetensors"]
@@ -157,19 +150,27 @@ def test_damaged_store_files_never_change_the_store(name, base, capsys):
     src = base / "store"
     pointer = json.loads((src / "test" / "latest.json").read_text())
     rel = Path("test") / ("latest.json" if name == "latest.json" else Path(pointer["path"]) / name)
-    original = (src / rel).read_bytes()
 
+    def export(store: Path, tmp: Path) -> None:
+        before = tree_hash(store)
+        o = run_in_process(["export", "-c", str(base / "cfg.toml"), "--set", f"store.url={store}",
+                            "--out", str(tmp / "out")], capsys)
+        _check(o, store, before)
+
+    _on_damaged_copies(src, rel, export)
+
+
+def _on_damaged_copies(src: Path, rel: Path, run_and_check) -> None:
+    """For each generated damage of ``src / rel``: a fresh copy of ``src`` with that file damaged, handed with
+    its scratch folder to ``run_and_check``."""
     @FEW
-    @given(data=damage(original))
+    @given(data=damage((src / rel).read_bytes()))
     def prop(data):
         with tempfile.TemporaryDirectory() as tmp:
-            store = Path(tmp) / "store"
-            shutil.copytree(src, store)
-            (store / rel).write_bytes(data)
-            before = tree_hash(store)
-            o = run_in_process(["export", "-c", str(base / "cfg.toml"), "--set", f"store.url={store}",
-                                "--out", str(Path(tmp) / "out")], capsys)
-            _check(o, store, before)
+            copy = Path(tmp) / "copy"
+            shutil.copytree(src, copy)
+            (copy / rel).write_bytes(data)
+            run_and_check(copy, Path(tmp))
 
     prop()
 
