@@ -1,6 +1,6 @@
 """Typed, nested, self-validating configuration: TOML in, dotted ``--set`` overrides, JSON out.
 
-Every field's docstring-comment is the reference for it (the README's configuration table is generated
+Every field's docstring-comment is the reference for it (docs/configuration.md's reference table is generated
 from the same dataclasses). Validation collects every problem before raising, so a user fixes a config in
 one pass instead of one error per run.
 """
@@ -667,7 +667,7 @@ def _divisors_near(n: int, k: int) -> str:
 
 
 def reference_table() -> list[tuple[str, str, str, str]]:
-    """(key, type, default, meaning) for every field; the README's configuration reference."""
+    """(key, type, default, meaning) for every field; the reference table of docs/configuration.md."""
     import inspect
 
     rows: list[tuple[str, str, str, str]] = []

@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--session-start", type=finite_float(), default=None, help=argparse.SUPPRESS)  # set by the launcher
     p.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="processes on this machine, one per GPU (launches torchrun when N > 1 or with --nnodes)")
-    g = p.add_argument_group("multi-node (passed to torchrun; see README 'Multi-GPU and multi-node')")
+    g = p.add_argument_group("multi-node (passed to torchrun; see docs/distributed.md)")
     g.add_argument("--nnodes", default="1", metavar="N|MIN:MAX", help="number of nodes (default 1)")
     g.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
                    help="c10d rendezvous endpoint, the same on every node")

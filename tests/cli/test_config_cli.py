@@ -137,12 +137,24 @@ def test_verify_full_flag_reaches_the_run(make_config, baton_cli, tmp_path):
     assert summary["checkpoints"][-1]["verified"]
 
 
-def test_readme_reference_lists_every_config_key():
+def test_docs_reference_lists_every_config_key():
     from pathlib import Path
 
     from baton.config import reference_table
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     for key, _, _, meaning in reference_table():
-        assert f"| `{key}` |" in readme, f"README's configuration reference lacks {key}"
+        assert f"| `{key}` |" in page, f"docs/configuration.md's reference lacks {key}"
         assert meaning, f"{key} has no meaning comment in baton/config.py"
+
+
+def test_docs_reference_is_the_generated_table(baton_cli):
+    # docs/configuration.md's reference is `baton config --reference`'s output, row for row: regenerate it with
+    # that command when a field changes.
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text().splitlines()
+    start = page.index("| key | type | default | meaning |")
+    end = next((i for i in range(start, len(page)) if not page[i].startswith("|")), len(page))
+    generated = baton_cli("config", "--reference", check=True).stdout.splitlines()
+    assert page[start:end] == generated
