@@ -295,7 +295,7 @@ def eval(cfg: Config, step: int | None = None, *, files: Iterable[str] | None = 
     _console()
     record, _ = run_eval(cfg, step, None if files is None else [str(f) for f in files],
                          None if tasks is None else list(tasks))
-    return record
+    return record.to_json()
 
 
 def publish(cfg: Config, step: int | None = None, *, revision: str | None = None) -> dict[str, Any]:

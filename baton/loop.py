@@ -67,9 +67,13 @@ def train(s: Session) -> dict[str, Any]:
     step, t0, start = st.step, time.perf_counter(), st.step
     s.progress()
     while step < p.stop_step:
-        b = s.agree(step)  # signal, time budget, timed cadence, failed push: agreed by all ranks
+        b = s.agree(step)  # signal, time budget, timed cadence, the push in flight: agreed by all ranks
         if b.push_failed:
             ckpt.push_outcome(wait=False)  # raises the push's error on every rank
+        if b.push_done:
+            ckpt.book()  # rank 0: the ledger, the trackers, publish.every's revision; the others wait
+        if b.heartbeat_due:
+            s.heartbeat(step)
         if b.signal or b.out_of_time:
             st.stopped_by = s.stop_reason(b)
             ckpt.push_outcome(wait=True)  # the push in flight is verified (or fails) before the session ends
@@ -96,10 +100,11 @@ def train(s: Session) -> dict[str, Any]:
     elapsed = time.perf_counter() - t0
     if step > start and ckpt.last_step != step:  # a session that trained ends with a verified checkpoint
         ckpt.checkpoint(step)
+    ckpt.book()
     if step == p.total_steps:
         finishing.finish(s)
-        if s.trackers is not None and st.val:
-            s.trackers.final(step, st.val)
+        if s.trackers is not None and st.val and st.val["val_step"] == step:
+            s.trackers.final(step, {k: v for k, v in st.val.items() if k != "val_step"})
     tokens = (step - start) * p.cfg.train.global_batch * p.cfg.data.seq_len
     summary = finishing.summary(s, tokens / elapsed if elapsed > 0 and tokens else 0.0)
     finishing.write_summary(s, summary)
@@ -137,10 +142,10 @@ def run(cfg: Config, resume: str = "auto", stop_after: int | None = None, progre
         if s.complete_pointer is not None:
             p, done = s.parts, s.complete_pointer
             log.info("run %r is complete in %s: step %d/%d, val_loss %s; final model at %s/final. Nothing to do.",
-                     p.run, p.store.describe(), done["step"], p.total_steps,
-                     f"{done['val_loss']:.4f}" if isinstance(done.get("val_loss"), float) else "n/a", p.run)
+                     p.run, p.store.describe(), done.step, p.total_steps,
+                     f"{done.val_loss:.4f}" if done.val_loss is not None else "n/a", p.run)
             outcome = "nothing to do: the run is complete"
-            return {"complete": True, "steps_done": done["step"], "total_steps": p.total_steps}
+            return {"complete": True, "steps_done": done.step, "total_steps": p.total_steps}
         summary = train(s)
         outcome = session_outcome(s, summary["steps_done"])
         return summary

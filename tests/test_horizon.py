@@ -61,10 +61,15 @@ def test_extending_inside_the_cooldown_is_refused(make_config, tmp_path, capsys)
 
 @pytest.mark.parametrize("schedule", ["cosine", "linear"])
 def test_a_schedule_that_decays_from_the_warmup_cannot_be_extended_after_it(schedule):
+    from baton.checkpoint.record import CheckpointState
     from baton.session.drift import horizon_problem
 
     old = load_config(None, [f"optim.schedule={schedule}", "optim.warmup_steps=5", "train.steps=100"]).to_dict()
     new = load_config(None, [f"optim.schedule={schedule}", "optim.warmup_steps=5", "train.steps=150"]).to_dict()
-    assert horizon_problem({"step": 5, "total_steps": 100, "config": old}, new, 150) is None
-    why = horizon_problem({"step": 6, "total_steps": 100, "config": old}, new, 150)
+    def state(step: int) -> CheckpointState:
+        return CheckpointState(step=step, total_steps=100, cursor={}, config=old, rng_ranks=[{}],
+                               optimizer_param_groups=[])
+
+    assert horizon_problem(state(5), new, 150) is None
+    why = horizon_problem(state(6), new, 150)
     assert why and f"the {schedule} schedule decays from the end of the warmup" in why

@@ -51,10 +51,10 @@ def test_the_cursor_carries_its_skipped_ranges_and_reads_an_older_cursor_without
 
 
 def test_the_drift_check_refuses_a_cursor_that_lost_a_rollback_s_skipped_range():
-    from baton.session.drift import lost_skips
+    from baton.checkpoint.record import Stats
 
-    state = {"cursor": {"skipped": [[120, 136]]}, "stats": {"rollbacks": [{"skip": [128, 136]}]}}
-    assert lost_skips(state) == []  # merged into a wider range: still skipped
-    state["stats"]["rollbacks"].append({"skip": [200, 208]})
-    assert lost_skips(state) == [[200, 208]]
-    assert lost_skips({"cursor": {}, "stats": {}}) == []  # a checkpoint from before rollbacks existed
+    stats = Stats(rollbacks=[{"skip": [128, 136]}])
+    assert stats.lost_skips([[120, 136]]) == []  # merged into a wider range: still skipped
+    stats.rollbacks.append({"skip": [200, 208]})
+    assert stats.lost_skips([[120, 136]]) == [[200, 208]]
+    assert Stats.from_json({}).lost_skips([]) == []  # a checkpoint from before rollbacks existed

@@ -8,25 +8,27 @@ verified checkpoint and the local copy stays on disk.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import shutil
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol, cast
 
-from .. import __version__, faults
-from ..errors import VerificationError
+from .. import faults
+from ..errors import BatonError, VerificationError
 from ..hashing import sha256_file
 from ..store import Store, delete_keys, put_files
+from .names import ckpt_path, parse_step
+from .pointer import POINTER, Files, Pointer, make_pointer, read_pointer, write_pointer
+
+__all__ = ["POINTER", "PushResult", "push_checkpoint", "push_folder", "verify_remote", "write_pointer"]
 
 log = logging.getLogger(__name__)
 
-POINTER = "latest.json"
 WINDOW = 64 << 10  # bytes per read-back window
 FULL_CHUNK = 8 << 20
 READ_BACK_THREADS = 4  # files read back at once (each holds at most one window or FULL_CHUNK in memory)
@@ -36,14 +38,10 @@ READ_BACK_THREADS = 4  # files read back at once (each holds at most one window 
 class PushResult:
     step: int
     path: str  # relative to the run prefix, e.g. ckpt/step-8
-    files: dict[str, dict[str, Any]]
+    files: Files
     seconds: float
     verified: bool
     timings: dict[str, float] = field(default_factory=dict)
-
-
-def ckpt_path(step: int) -> str:
-    return f"ckpt/step-{step}"
 
 
 class _HashesOnWrite(Protocol):
@@ -52,7 +50,7 @@ class _HashesOnWrite(Protocol):
     def put_file(self, local: Path, key: str, sha256: str | None) -> str: ...
 
 
-def local_manifest(folder: Path) -> dict[str, dict[str, Any]]:
+def local_manifest(folder: Path) -> Files:
     return {
         p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
         for p in sorted(folder.iterdir())
@@ -65,7 +63,7 @@ def store_key(prefix: str, name: str) -> str:
     return f"{prefix}/{name}" if prefix else name
 
 
-def verify_remote(store: Store, prefix: str, files: dict[str, dict[str, Any]], local: Path, mode: str = "sample",
+def verify_remote(store: Store, prefix: str, files: Mapping[str, Mapping[str, Any]], local: Path, mode: str = "sample",
                   rng: random.Random | None = None, what: str = "") -> None:
     """Prove the store holds ``files`` under ``prefix``: its listing, then bytes read back.
 
@@ -145,34 +143,8 @@ def _read_back(store: Store, key: str, local: Path, size: int, windows: list[tup
                 raise VerificationError(f"bytes {a}-{b} read back differ from the local file")
 
 
-def make_pointer(run: str, step: int, path: str, files: dict[str, dict[str, Any]], cursor: dict[str, Any],
-                 complete: bool = False, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {
-        "run": run,
-        "step": step,
-        "path": path,
-        "files": files,
-        "cursor": cursor,
-        "complete": complete,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "baton_version": __version__,
-        **(extra or {}),
-    }
-
-
-def write_pointer(store: Store, run: str, pointer: dict[str, Any]) -> None:
-    """Write the pointer and prove it by reading it back."""
-    key = f"{run}/{POINTER}"
-    text = json.dumps(pointer, indent=1, sort_keys=True)
-    store.write_text(key, text)
-    faults.point("pointer.readback", pointer.get("step"))
-    back = store.read_text(key)
-    if back is None or json.loads(back) != pointer:
-        raise VerificationError(f"pointer {key} read back from {store.describe()} differs from what was written")
-
-
 def push_folder(store: Store, local: Path, prefix: str, mode: str,
-                what: str = "") -> tuple[dict[str, dict[str, Any]], dict[str, float]]:
+                what: str = "") -> tuple[Files, dict[str, float]]:
     """Upload every file of ``local`` under ``prefix`` and verify it; returns the files and timings. ``what``
     names the files in messages (default: the checkpoint at ``prefix``)."""
     t0 = time.perf_counter()
@@ -180,7 +152,7 @@ def push_folder(store: Store, local: Path, prefix: str, mode: str,
         # The store hashes each file as it copies it: one read per file instead of two. What it listed
         # later is still checked against these, and the bytes against the local files.
         writer = cast(_HashesOnWrite, store)
-        files: dict[str, dict[str, Any]] = {}
+        files: Files = {}
         for p in sorted(q for q in local.iterdir() if q.is_file()):
             faults.point("upload")
             files[p.name] = {"size": p.stat().st_size, "sha256": writer.put_file(p, store_key(prefix, p.name), None)}
@@ -197,8 +169,7 @@ def push_folder(store: Store, local: Path, prefix: str, mode: str,
 
 
 def push_checkpoint(store: Store, run: str, local: Path, step: int, cursor: dict[str, Any], mode: str = "sample",
-                    keep_last: int = 2, complete: bool = False, extra: dict[str, Any] | None = None,
-                    keep_local: bool = False) -> PushResult:
+                    keep_last: int = 2, keep_local: bool = False) -> PushResult:
     """The full cycle for one checkpoint folder. Raises (leaving pointer and local copy) on any failure.
     ``keep_local``: the verified local copy stays (for a caller about to load it)."""
     t0 = time.perf_counter()
@@ -207,9 +178,8 @@ def push_checkpoint(store: Store, run: str, local: Path, step: int, cursor: dict
     t = time.perf_counter()
     faults.point("pointer", step)
     prev = _previous_history(store, run)
-    history = [h for h in prev or [] if h != path] + [path]
-    write_pointer(store, run, make_pointer(run, step, path, files, cursor, complete,
-                                           {"verified": history[-max(keep_last, 1):], **(extra or {})}))
+    history = tuple(h for h in prev or () if h != path) + (path,)
+    write_pointer(store, make_pointer(run, step, files, cursor, history[-max(keep_last, 1):]))
     timings["pointer"] = time.perf_counter() - t
     # Verified and committed: now, and only now, the local copy may go.
     try:
@@ -224,35 +194,29 @@ def push_checkpoint(store: Store, run: str, local: Path, step: int, cursor: dict
     return PushResult(step, path, files, seconds, True, timings)
 
 
-def _previous_history(store: Store, run: str) -> list[str] | None:
+def _previous_history(store: Store, run: str) -> tuple[str, ...] | None:
     """The verified checkpoints the current pointer remembers; None when that is unknown."""
     try:
-        text = store.read_text(f"{run}/{POINTER}")
-        old = json.loads(text) if text else {}
-    except Exception as e:  # noqa: BLE001 - retention then falls back to step order
+        old = read_pointer(store, run)
+    except BatonError as e:  # retention then falls back to step order
         log.warning("could not read the previous pointer of %s (%s); retention goes by step order", run, e)
         return None
-    if not old:
-        return None
-    hist = old.get("verified") if isinstance(old, dict) else None
-    if not isinstance(hist, list):
-        hist = [old["path"]] if isinstance(old, dict) and isinstance(old.get("path"), str) else []
-    return [h for h in hist if isinstance(h, str)]
+    return old.history() if old is not None else None
 
 
-def finish_pruning(store: Store, run: str, pointer: dict[str, Any], keep_last: int) -> list[str]:
+def finish_pruning(store: Store, run: str, pointer: Pointer, keep_last: int) -> list[str]:
     """At the start of a session: the pruning a killed session began (or never reached) after rolling the
     pointer. Only checkpoints older than the pointer's, beyond the newest ``keep_last`` verified ones, go; the
     pointer's own checkpoint and anything newer (an upload in progress elsewhere) stay."""
-    removed = apply_retention(store, run, keep_last, current=pointer["path"],
-                              verified=pointer.get("verified") if isinstance(pointer.get("verified"), list) else None)
+    removed = apply_retention(store, run, keep_last, current=pointer.path, verified=pointer.history())
     if removed:
         log.info("finished the pruning an earlier session left undone: removed %s from %s", ", ".join(removed),
                  store.describe())
     return removed
 
 
-def apply_retention(store: Store, run: str, keep_last: int, current: str, verified: list[str] | None = None) -> list[str]:
+def apply_retention(store: Store, run: str, keep_last: int, current: str,
+                    verified: tuple[str, ...] | None = None) -> list[str]:
     """Delete checkpoints up to ``current`` beyond the newest ``keep_last`` verified ones. Failures are
     logged, not fatal.
 
@@ -265,15 +229,11 @@ def apply_retention(store: Store, run: str, keep_last: int, current: str, verifi
     except Exception as e:
         log.warning("retention skipped: could not list %s/ckpt/ (%s)", run, e)
         return []
-    steps: dict[int, list[str]] = {}
-    for key in keys:
-        parts = key[len(run) + 1 :].split("/")
-        if len(parts) >= 3 and parts[1].startswith("step-") and parts[1][5:].isdigit():
-            steps.setdefault(int(parts[1][5:]), []).append(key)
-    current_step = int(current.rsplit("-", 1)[1])
+    steps = steps_in_listing(keys, run)
+    current_step = parse_step(current)
+    assert current_step is not None, current  # a pointer's path or ckpt_path(step): parsed already
     if verified:
-        kept = {current_step} | {int(h.rsplit("-", 1)[1]) for h in verified[-keep_last:]
-                                 if h.startswith("ckpt/step-") and h.rsplit("-", 1)[1].isdigit()}
+        kept = {current_step} | {s for s in map(parse_step, verified[-keep_last:]) if s is not None}
     else:
         kept = set(sorted((s for s in steps if s <= current_step), reverse=True)[:keep_last])
     removed = []
@@ -287,3 +247,14 @@ def apply_retention(store: Store, run: str, keep_last: int, current: str, verifi
         except Exception as e:  # noqa: BLE001 - the new checkpoint is committed; a leftover costs only space
             log.warning("could not delete old checkpoint %s/%s (%s); it stays in the store", run, ckpt_path(s), e)
     return removed
+
+
+def steps_in_listing(keys: Any, run: str) -> dict[int, list[str]]:
+    """The keys under ``<run>/ckpt/`` of a store's listing, by the step of the checkpoint folder holding them."""
+    steps: dict[int, list[str]] = {}
+    for key in keys:
+        folder, _, rest = key[len(run) + 1 :].rpartition("/")
+        step = parse_step(folder) if key.startswith(f"{run}/") and rest else None
+        if step is not None:
+            steps.setdefault(step, []).append(key)
+    return steps

@@ -2,8 +2,8 @@
 
 - ``model.safetensors``: the fp32 master weights (tied weights stored once).
 - ``optimizer.safetensors``: AdamW's per-parameter tensors, named ``<param>::<slot>``.
-- ``state.json``: everything else under named keys: step, scheduler, scaler, optimizer hyper-parameters,
-  the RNG states of every rank, the data cursor, the resolved config, versions, run counters.
+- ``state.json``: everything else under named keys (``checkpoint.record``): step, scaler, optimizer
+  hyper-parameters, the RNG states of every rank, the data cursor, the resolved config, versions, counters.
 - ``metrics.jsonl``: the per-step metrics so far, so the loss history survives a wiped machine.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import errno
 import json
 import os
@@ -26,13 +27,11 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 
 from .. import faults
 from ..errors import BatonError, ResumeError
+from .names import METRICS_FILE, MODEL_FILE, OPTIM_FILE, REQUIRED, STATE_FILE
+from .record import DAMAGED, CheckpointState, read_state
 
-FORMAT = "baton-checkpoint-v1"
-MODEL_FILE = "model.safetensors"
-OPTIM_FILE = "optimizer.safetensors"
-STATE_FILE = "state.json"
-METRICS_FILE = "metrics.jsonl"
-REQUIRED = (MODEL_FILE, OPTIM_FILE, STATE_FILE)
+__all__ = ["METRICS_FILE", "MODEL_FILE", "OPTIM_FILE", "REQUIRED", "STATE_FILE", "CheckpointState", "read_state"]
+
 
 
 # ------------------------------------------------------------------------------------------------ RNG
@@ -134,19 +133,20 @@ class LocalSaveError(BatonError):
 
 
 def save_checkpoint(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    state: dict[str, Any], metrics_file: Path | None) -> Path:
-    """Write the checkpoint folder atomically: files go to ``out.partial`` which is renamed last."""
-    faults.point("save", state.get("step"))
+                    state: CheckpointState, metrics_file: Path | None) -> Path:
+    """Write the checkpoint folder atomically: files go to ``out.partial`` which is renamed last. The optimizer's
+    hyper-parameters go into ``state`` as saved (its ``optimizer_param_groups``)."""
+    faults.point("save", state.step)
     tmp = out.with_name(out.name + ".partial")
     try:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         save_model(_unwrap(model), str(tmp / MODEL_FILE))
-        faults.point("save.file", state.get("step"))
+        faults.point("save.file", state.step)
         tensors, groups = optimizer_tensors(_unwrap(model), optimizer)
         save_file(tensors, str(tmp / OPTIM_FILE))
-        state = {"format": FORMAT, **state, "optimizer_param_groups": groups}
-        (tmp / STATE_FILE).write_text(json.dumps(state, indent=1), encoding="utf-8")
+        doc = dataclasses.replace(state, optimizer_param_groups=groups).to_json()
+        (tmp / STATE_FILE).write_text(json.dumps(doc, indent=1), encoding="utf-8")
         if metrics_file is not None and metrics_file.is_file():
             shutil.copyfile(metrics_file, tmp / METRICS_FILE)
         for f in tmp.iterdir():
@@ -172,47 +172,6 @@ def save_checkpoint(out: Path, model: torch.nn.Module, optimizer: torch.optim.Op
             ) from None
         raise
     return out
-
-
-# A checkpoint that passed its sha256 checks but cannot be read was written that way: no retry helps.
-DAMAGED = "; the checkpoint is unusable: resume from an earlier checkpoint (--resume PATH), or start a new run.name"
-
-
-def lineage(step: int, files: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Names a verified checkpoint unambiguously: its step and the sha256 of its weights."""
-    return {"step": step, "model_sha256": files[MODEL_FILE]["sha256"]}
-
-
-def read_state(ckpt: Path) -> dict[str, Any]:
-    try:
-        state = json.loads((ckpt / STATE_FILE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ResumeError(f"{ckpt} has no {STATE_FILE}: not a complete baton checkpoint{DAMAGED}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ResumeError(f"{ckpt / STATE_FILE} is not valid JSON ({e}){DAMAGED}") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        found = state.get("format") if isinstance(state, dict) else None
-        raise ResumeError(f"{ckpt / STATE_FILE} is not a {FORMAT} state (format={found!r}){DAMAGED}")
-    for key in ("step", "cursor", "config", "rng"):
-        if key not in state:
-            raise ResumeError(f"{ckpt / STATE_FILE} lacks {key!r}{DAMAGED}")
-    # Its sha256 matched, yet the values may not be what this version wrote: each checked for its kind here, so
-    # no code further on fails on a wrong type.
-    ranks = state["rng"].get("ranks") if isinstance(state["rng"], dict) else None
-    wrong = [what for what, ok in (
-        ("step is not a count", type(state["step"]) is int and state["step"] >= 0),
-        ("cursor is not a table", isinstance(state["cursor"], dict)),
-        ("config is not a table", isinstance(state["config"], dict)),
-        ("rng.ranks is not a list of tables", isinstance(ranks, list) and bool(ranks)
-         and all(isinstance(r, dict) for r in ranks)),
-        ("optimizer_param_groups is not a list of tables", isinstance(state.get("optimizer_param_groups"), list)
-         and all(isinstance(g, dict) for g in state["optimizer_param_groups"])),
-        ("scaler is not a table", isinstance(state.get("scaler"), (dict, type(None)))),
-        ("stats is not a table", isinstance(state.get("stats", {}), dict)),
-    ) if not ok]
-    if wrong:
-        raise ResumeError(f"{ckpt / STATE_FILE} is malformed: {'; '.join(wrong)}{DAMAGED}")
-    return state
 
 
 # The safetensors header's names of the dtypes a model's weights may have.
@@ -251,14 +210,14 @@ def load_weights(ckpt: Path, model: torch.nn.Module) -> None:
         )
 
 
-def load_checkpoint(ckpt: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def load_checkpoint(ckpt: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> CheckpointState:
     state = read_state(ckpt)
     load_weights(ckpt, model)
     try:
         tensors = load_file(str(ckpt / OPTIM_FILE))
     except Exception as e:
         raise ResumeError(f"{ckpt / OPTIM_FILE} could not be loaded: {e}{DAMAGED}") from None
-    load_optimizer(_unwrap(model), optimizer, tensors, state["optimizer_param_groups"])
+    load_optimizer(_unwrap(model), optimizer, tensors, state.optimizer_param_groups)
     return state
 
 

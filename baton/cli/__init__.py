@@ -271,12 +271,12 @@ def cmd_eval(args) -> int:
 
     tasks = None if args.tasks is None else [t.strip() for t in args.tasks.split(",") if t.strip()]
     record, key = run_eval(_load(args), args.step, args.files, tasks)
-    h = record["heldout"]
-    print(f"step {record['step']}: held-out loss {h['loss']:.4f}, bits per byte {h['bits_per_byte']:.4f} over "
+    h = record.heldout
+    print(f"step {record.step}: held-out loss {h['loss']:.4f}, bits per byte {h['bits_per_byte']:.4f} over "
           f"{h['windows']} windows")
-    for name, r in record["files"].items():
+    for name, r in record.files.items():
         print(f"  {name}: loss {r['loss']:.4f}, bits per byte {r['bits_per_byte']:.4f} over {r['tokens']:,} tokens")
-    for task, metrics in record["tasks"].items():
+    for task, metrics in record.tasks.items():
         print(f"  {task}: " + ", ".join(f"{m} {v:.4f}" for m, v in metrics.items()))
     print(f"written to {key}")
     return 0

@@ -25,10 +25,10 @@ def run_ledger(args, cfg: Config) -> int:
         r, p = L.read_ledger(store, run)
         records += r
         problems += p
-    records.sort(key=lambda r: r["started_ts"])
+    records.sort(key=lambda r: r.started_ts)
     t = L.totals(records, L.quota_from(cfg.budget), cfg.budget.cap_hours)
     if args.json:
-        print(json.dumps({"runs": runs, "sessions": [r | {"billed_hours": L.billed_hours(r)} for r in records],
+        print(json.dumps({"runs": runs, "sessions": [r.to_json() | {"billed_hours": L.billed_hours(r)} for r in records],
                           "totals": t.to_dict(), "problems": problems}, indent=1))
         return 0
     print(f"ledger of {', '.join(runs)} in {store.describe()}")

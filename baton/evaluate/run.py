@@ -6,53 +6,21 @@ checkpoint folders) and into the model card `baton publish` writes.
 
 from __future__ import annotations
 
-import json
 import tempfile
 from contextlib import nullcontext
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .. import __version__
 from ..config import Config, config_from_dict
 from ..errors import BatonError
 from ..hashing import sha256_file
 from ..runtime.device import pick_device
-from ..store import Store
 from .heldout import Scorer, file_rows, token_bytes
+from .record import EvalRecord, eval_key, read_record, write_record
 
-FORMAT = "baton-eval-v1"
-
-
-def eval_key(run: str, step: int) -> str:
-    return f"{run}/eval/{step}.json"
-
-
-def read_record(store: Store, run: str, step: int, plan: Plan | None = None) -> dict[str, Any] | None:
-    """The evaluation record of ``step``; with ``plan``, only one that evaluated what the plan names (a record of
-    other files, tasks or settings is stale for it)."""
-    text = store.read_text(eval_key(run, step))
-    if text is None:
-        return None
-    try:
-        rec = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    if not (isinstance(rec, dict) and rec.get("format") == FORMAT and rec.get("step") == step):
-        return None
-    return rec if plan is None or rec.get("evaluated") == plan.spec() else None
-
-
-def write_record(store: Store, run: str, record: dict[str, Any]) -> str:
-    key = eval_key(run, record["step"])
-    text = json.dumps(record, indent=1, sort_keys=True)
-    store.write_text(key, text)
-    if store.read_text(key) != text:
-        raise BatonError(f"the evaluation record {key} read back from {store.describe()} differs from what was written")
-    return key
-
+__all__ = ["EvalRecord", "Plan", "eval_key", "evaluate_model", "read_record", "run_eval", "write_record"]
 
 class Plan:
     """What to evaluate, checked before any checkpoint is pulled."""
@@ -86,14 +54,14 @@ class Plan:
                 "tasks": tasks}
 
 
-def evaluate_model(cfg: Config, plan: Plan, model: torch.nn.Module, state: dict[str, Any],
-                   export_dir: Path | None) -> dict[str, Any]:
-    """The record for ``model`` (the weights of checkpoint ``state``); ``export_dir`` its exported folder,
-    needed for lm-eval tasks."""
+def evaluate_model(cfg: Config, plan: Plan, model: torch.nn.Module, step: int, config: dict[str, Any],
+                   export_dir: Path | None) -> EvalRecord:
+    """The record for ``model`` (the weights at ``step`` of a run trained by ``config``); ``export_dir`` its
+    exported folder, needed for lm-eval tasks."""
     from ..data.reader import WindowDataset
     from ..data.tokenize import data_tokenizer, find_eos
 
-    saved = config_from_dict(state["config"])
+    saved = config_from_dict(config)
     device = pick_device(cfg.train.device)
     model = model.to(device).eval()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(saved.train.precision)
@@ -119,14 +87,12 @@ def evaluate_model(cfg: Config, plan: Plan, model: torch.nn.Module, state: dict[
         from .lmeval import run_tasks
 
         tasks = run_tasks(export_dir, plan.tasks, plan.tm, str(device), cfg.eval.limit)
-    step = state["step"]
-    return {"format": FORMAT, "run": cfg.run.name, "step": step, "tokens_seen": step * saved.tokens_per_step,
-            "heldout": heldout, "files": files, "tasks": tasks, "evaluated": plan.spec(),
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "baton_version": __version__}
+    return EvalRecord(run=cfg.run.name, step=step, tokens_seen=step * saved.tokens_per_step, heldout=heldout,
+                      files=files, tasks=tasks, evaluated=plan.spec())
 
 
 def run_eval(cfg: Config, step: int | None = None, files: list[str] | None = None,
-             tasks: list[str] | None = None) -> tuple[dict[str, Any], str]:
+             tasks: list[str] | None = None) -> tuple[EvalRecord, str]:
     """Pull the verified checkpoint at ``step`` (None: the pointer's), evaluate it, write the record."""
     from ..data.manifest import load_manifest
     from ..data.prepare import TOKENIZER_FILE
@@ -142,5 +108,5 @@ def run_eval(cfg: Config, step: int | None = None, files: list[str] | None = Non
         if plan.tasks:
             export_dir = export_model(model, Path(cfg.data.dir) / TOKENIZER_FILE, Path(tmp) / "export",
                                       load_manifest(cfg.data.dir)["tokenizer"]["eos_token"])
-        record = evaluate_model(cfg, plan, model, state, export_dir)
-    return record, write_record(store, cfg.run.name, record)
+        record = evaluate_model(cfg, plan, model, state.step, state.config, export_dir)
+    return record, write_record(store, record)

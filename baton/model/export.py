@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerFast
 
+from ..checkpoint.record import CheckpointState
 from ..errors import BatonError
 
 
@@ -64,12 +65,13 @@ def generate(folder: Path, prompt: str, max_new_tokens: int = 64, temperature: f
     return tok.decode(out[0], skip_special_tokens=False)
 
 
-def checkpoint_model(cfg, source: str, tmp: Path, step: int | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:
+def checkpoint_model(cfg, source: str, tmp: Path, step: int | None = None) -> tuple[torch.nn.Module, CheckpointState]:
     """The model of a verified checkpoint in the store (``source='store'``; ``step`` None: the pointer's) or of a
     local checkpoint folder, on the CPU, with the checkpoint's state."""
+    from ..checkpoint.history import locate
     from ..checkpoint.pull import pull_checkpoint
-    from ..checkpoint.select import locate
-    from ..checkpoint.state import load_weights, read_state
+    from ..checkpoint.record import read_state
+    from ..checkpoint.state import load_weights
     from ..config import config_from_dict
     from ..store import RetryPolicy, open_store
     from .llama import build_model
@@ -84,9 +86,9 @@ def checkpoint_model(cfg, source: str, tmp: Path, step: int | None = None) -> tu
         if not folder.is_dir():
             raise BatonError(f"--from {source}: no such checkpoint folder (use 'store' or a folder)")
     state = read_state(folder)
-    if step is not None and state["step"] != step:
-        raise BatonError(f"the checkpoint at step {step} holds the state of step {state['step']}: the store is damaged")
-    model = build_model(config_from_dict(state["config"]).model, "cpu")
+    if step is not None and state.step != step:
+        raise BatonError(f"the checkpoint at step {step} holds the state of step {state.step}: the store is damaged")
+    model = build_model(config_from_dict(state.config).model, "cpu")
     load_weights(folder, model)
     return model, state
 
@@ -103,4 +105,4 @@ def export_run(cfg, source: str, out: Path, step: int | None = None) -> Path:
         model, state = checkpoint_model(cfg, source, Path(tmp), step)
         manifest = load_manifest(cfg.data.dir)
         return export_model(model, Path(cfg.data.dir) / TOKENIZER_FILE, out, manifest["tokenizer"]["eos_token"],
-                            meta={"run": cfg.run.name, "step": state["step"], "config": state["config"]})
+                            meta={"run": cfg.run.name, "step": state.step, "config": state.config})

@@ -18,7 +18,7 @@ import re
 import secrets
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -43,10 +43,89 @@ def new_session_id(started: float) -> str:
     return f"{stamp}-{host}-{os.getpid()}-{secrets.token_hex(2)}"
 
 
-def billed_hours(rec: dict[str, Any]) -> float:
+@dataclass
+class BookedCheckpoint:
+    """A checkpoint cycle a session ran: how long it took and whether the store verified it."""
+
+    step: int
+    seconds: float
+    verified: bool
+    at: str = ""
+
+
+@dataclass
+class LedgerRecord:
+    """One session's record, ``<run>/ledger/<session>.json``: the one definition its writer and readers share."""
+
+    session: str
+    run: str
+    started_ts: float
+    started: str = ""
+    host: str = ""
+    pid: int = 0
+    device: str | None = None
+    accelerators: int = 1
+    bill_factor: float = 1.0
+    heartbeat: str = ""
+    heartbeat_ts: float | None = None
+    ended: str | None = None
+    ended_ts: float | None = None
+    outcome: str = OPEN
+    steps_from: int | None = None  # the step it resumed at (None: it trained no steps of the run, e.g. preflight)
+    steps_to: int | None = None  # the newest step it reached (a killed one: at its last heartbeat)
+    tokens_per_step: int = 0
+    stepping_seconds: float = 0.0
+    tokens_per_s: float | None = None  # its measured stepping rate
+    checkpoints: list[BookedCheckpoint] = field(default_factory=list)
+    deadline: str | None = None
+    deadline_ts: float | None = None
+    heartbeat_every_s: float = 0.0
+    billed_hours: float = 0.0  # as of its last write; readers recompute it (``billed_hours``)
+    data: dict[str, Any] | None = None  # where the data came from and how long the pull took (data.pull)
+    startup_seconds: float | None = None  # command start to first step
+    kind: str | None = None  # "preflight:<stage>" for a preflight stage's session
+
+    @property
+    def last_ts(self) -> float:
+        """Where its billing ends: its end, or its last heartbeat when it recorded none (killed)."""
+        return self.ended_ts or self.heartbeat_ts or self.started_ts
+
+    def verified_steps(self) -> set[int]:
+        return {c.step for c in self.checkpoints if c.verified}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, d: Any) -> LedgerRecord:
+        """The record in ``d`` (parsed JSON); ValueError naming what is wrong."""
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise ValueError("not a baton ledger record")
+        for key, kinds in (("session", str), ("run", str), ("started_ts", (int, float))):
+            if not isinstance(d.get(key), kinds) or isinstance(d.get(key), bool):
+                raise ValueError(f"{key} is missing or not a {getattr(kinds, '__name__', 'number')}")
+        for key in ("heartbeat_ts", "ended_ts", "bill_factor", "stepping_seconds", "tokens_per_s", "startup_seconds"):
+            v = d.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise ValueError(f"{key} is not a number")
+        for key in ("steps_from", "steps_to"):
+            if d.get(key) is not None and type(d[key]) is not int:
+                raise ValueError(f"{key} is not a step")
+        booked = d.get("checkpoints") or []
+        if not isinstance(booked, list) or not all(isinstance(c, dict) and type(c.get("step")) is int for c in booked):
+            raise ValueError("checkpoints is not a list of checkpoint records")
+        known = {f.name for f in fields(cls)}
+        rec = cls(**{k: v for k, v in d.items() if k in known and k != "checkpoints"})
+        rec.checkpoints = [BookedCheckpoint(c["step"], float(c.get("seconds") or 0.0), c.get("verified") is True,
+                                            str(c.get("at", ""))) for c in booked]
+        if rec.bill_factor is None:
+            rec.bill_factor = 1.0
+        return rec
+
+
+def billed_hours(rec: LedgerRecord) -> float:
     """Hours billed by one record: start to end, or to the last heartbeat when there is no end."""
-    last = rec.get("ended_ts") or rec.get("heartbeat_ts") or rec["started_ts"]
-    return max(0.0, last - rec["started_ts"]) / HOUR * rec.get("bill_factor", 1.0)
+    return max(0.0, rec.last_ts - rec.started_ts) / HOUR * rec.bill_factor
 
 
 class SessionLedger:
@@ -60,24 +139,19 @@ class SessionLedger:
         self.id = new_session_id(started)
         self.key = ledger_key(run, self.id)
         self.heartbeat_every_s = heartbeat_every_s
-        self.rec: dict[str, Any] = {
-            "format": FORMAT, "session": self.id, "run": run, "host": socket.gethostname(), "pid": os.getpid(),
-            "device": device, "accelerators": accelerators, "bill_factor": bill_factor,
-            "started": _iso_s(started), "started_ts": started, "heartbeat": _iso_s(started), "heartbeat_ts": started,
-            "ended": None, "ended_ts": None, "outcome": OPEN, "steps_from": None, "steps_to": None,
-            "tokens_per_step": tokens_per_step, "stepping_seconds": 0.0, "tokens_per_s": None,
-            "checkpoints": [], "deadline": _iso_s(deadline) if deadline else None, "deadline_ts": deadline,
-            "heartbeat_every_s": heartbeat_every_s, "billed_hours": 0.0,
-            # where the data came from and how long making it present took (baton.data.pull), if pulled
-            "data": data, "startup_seconds": None,
-        }
+        self.rec = LedgerRecord(
+            session=self.id, run=run, host=socket.gethostname(), pid=os.getpid(), device=device,
+            accelerators=accelerators, bill_factor=bill_factor, started=_iso_s(started), started_ts=started,
+            heartbeat=_iso_s(started), heartbeat_ts=started, tokens_per_step=tokens_per_step,
+            deadline=_iso_s(deadline) if deadline else None, deadline_ts=deadline,
+            heartbeat_every_s=heartbeat_every_s, data=data)
         self._last_write = 0.0
         self.ok = self._write()
 
     def _write(self) -> bool:
-        self.rec["billed_hours"] = round(billed_hours(self.rec), 6)
+        self.rec.billed_hours = round(billed_hours(self.rec), 6)
         try:
-            self.store.write_text(self.key, json.dumps(self.rec, indent=1))
+            self.store.write_text(self.key, json.dumps(self.rec.to_json(), indent=1))
         except (StoreError, OSError) as e:
             log.warning("could not write the ledger record %s (%s); this session's hours are not recorded "
                         "there until a later write succeeds", self.key, e)
@@ -88,16 +162,16 @@ class SessionLedger:
     def progress(self, step: int, stepping_seconds: float, now: float | None = None) -> None:
         r = self.rec
         now = time.time() if now is None else now
-        r["steps_to"] = step
-        r["stepping_seconds"] = round(stepping_seconds, 4)
-        if r["steps_from"] is not None and stepping_seconds > 0 and step > r["steps_from"]:
-            r["tokens_per_s"] = round((step - r["steps_from"]) * r["tokens_per_step"] / stepping_seconds, 3)
-        r["heartbeat"], r["heartbeat_ts"] = _iso_s(now), now
+        r.steps_to = step
+        r.stepping_seconds = round(stepping_seconds, 4)
+        if r.steps_from is not None and stepping_seconds > 0 and step > r.steps_from:
+            r.tokens_per_s = round((step - r.steps_from) * r.tokens_per_step / stepping_seconds, 3)
+        r.heartbeat, r.heartbeat_ts = _iso_s(now), now
 
     def resumed(self, step: int) -> None:
-        self.rec["steps_from"] = self.rec["steps_to"] = step
+        self.rec.steps_from = self.rec.steps_to = step
         # From the command's start to the first step: data pull, checkpoint pull, model build (measured startup).
-        self.rec["startup_seconds"] = round(max(0.0, time.time() - self.rec["started_ts"]), 3)
+        self.rec.startup_seconds = round(max(0.0, time.time() - self.rec.started_ts), 3)
         self._write()
 
     def heartbeat(self, step: int, stepping_seconds: float) -> bool:
@@ -108,22 +182,21 @@ class SessionLedger:
         return self.heartbeat_every_s > 0 and now - self._last_write >= self.heartbeat_every_s
 
     def checkpoint(self, step: int, seconds: float, verified: bool, stepping_seconds: float) -> None:
-        self.rec["checkpoints"].append({"step": step, "seconds": round(seconds, 3), "verified": verified,
-                                        "at": _iso_s(time.time())})
+        self.rec.checkpoints.append(BookedCheckpoint(step, round(seconds, 3), verified, _iso_s(time.time())))
         self.heartbeat(step, stepping_seconds)
 
     def end(self, outcome: str, step: int | None, stepping_seconds: float) -> None:
         now = time.time()
         if step is not None:
             self.progress(step, stepping_seconds, now)
-        self.rec["ended"], self.rec["ended_ts"], self.rec["outcome"] = _iso_s(now), now, outcome
+        self.rec.ended, self.rec.ended_ts, self.rec.outcome = _iso_s(now), now, outcome
         self._write()
 
 
 # ---------------------------------------------------------------------------------------- reading
 
 
-def _keys(store: Store, prefix: str) -> list[str]:
+def list_keys(store: Store, prefix: str) -> list[str]:
     try:
         listing = store.list(prefix, checksums=False)
     except TypeError:  # a backend without the checksums switch
@@ -135,31 +208,29 @@ def ledger_key(run: str, session: str) -> str:
     return f"{run}/{LEDGER_DIR}/{session}.json"
 
 
-def read_ledger(store: Store, run: str) -> tuple[list[dict[str, Any]], list[str]]:
+def read_ledger(store: Store, run: str) -> tuple[list[LedgerRecord], list[str]]:
     """(records sorted by start, problems). A damaged record is reported, never fatal."""
     records, problems = [], []
-    for key in _keys(store, f"{run}/{LEDGER_DIR}/"):
+    for key in list_keys(store, f"{run}/{LEDGER_DIR}/"):
         if not key.endswith(".json"):
             continue
         try:
             text = store.read_text(key)
-            rec = json.loads(text) if text is not None else None
-            if not isinstance(rec, dict) or rec.get("format") != FORMAT or "started_ts" not in rec:
-                raise ValueError("not a baton ledger record")
-        except (ValueError, StoreError) as e:
+            if text is None:
+                raise ValueError("listed, then not found")
+            records.append(LedgerRecord.from_json(json.loads(text)))
+        except (ValueError, TypeError, StoreError) as e:
             problems.append(f"{key}: {e}")
-            continue
-        records.append(rec)
-    records.sort(key=lambda r: r["started_ts"])
+    # Sessions started in the same second (one process running several) are told apart by their first step.
+    records.sort(key=lambda r: (r.started_ts, r.steps_from or 0))
     return records, problems
 
 
-def hours_between(rec: dict[str, Any], a: datetime, b: datetime) -> float:
+def hours_between(rec: LedgerRecord, a: datetime, b: datetime) -> float:
     """The part of a record's billed time that falls inside [a, b) (platforms meter continuously)."""
-    last = rec.get("ended_ts") or rec.get("heartbeat_ts") or rec["started_ts"]
-    lo = max(rec["started_ts"], a.timestamp())
-    hi = min(last, b.timestamp())
-    return max(0.0, hi - lo) / HOUR * rec.get("bill_factor", 1.0)
+    lo = max(rec.started_ts, a.timestamp())
+    hi = min(rec.last_ts, b.timestamp())
+    return max(0.0, hi - lo) / HOUR * rec.bill_factor
 
 
 @dataclass
@@ -197,7 +268,7 @@ def quota_from(budget: Any, now: datetime | None = None) -> Quota | None:
     return Quota(budget.quota_hours, timedelta(days=budget.quota_period_days), reset)
 
 
-def totals(records: list[dict[str, Any]], quota: Quota | None = None, cap_hours: float = 0.0,
+def totals(records: list[LedgerRecord], quota: Quota | None = None, cap_hours: float = 0.0,
            now: datetime | None = None) -> Totals:
     now = now or datetime.now(timezone.utc)
     billed = sum(billed_hours(r) for r in records)
@@ -207,46 +278,51 @@ def totals(records: list[dict[str, Any]], quota: Quota | None = None, cap_hours:
         end = start + quota.period
         period_hours = sum(hours_between(r, start, end) for r in records)
         quota_left = quota.hours - period_hours
-    return Totals(billed, len(records), sum(1 for r in records if r.get("outcome") == OPEN), period_hours, start,
+    return Totals(billed, len(records), sum(1 for r in records if r.outcome == OPEN), period_hours, start,
                   end, quota.hours if quota else 0.0, quota_left, cap_hours,
                   (cap_hours - billed) if cap_hours else None)
 
 
-def measured_rate(records: list[dict[str, Any]]) -> tuple[float | None, str]:
+def measured_rate(records: list[LedgerRecord]) -> tuple[float | None, str]:
     """The stepping rate of the most recent session that measured one (tokens/s), and where it came from."""
     for rec in reversed(records):
-        if rec.get("tokens_per_s"):
-            return float(rec["tokens_per_s"]), f"session {rec['session']}"
+        if rec.tokens_per_s:
+            return float(rec.tokens_per_s), f"session {rec.session}"
     return None, "no session has measured a rate yet"
 
 
-def startup_seconds(records: list[dict[str, Any]], last: int = 3) -> tuple[float | None, str]:
+def startup_seconds(records: list[LedgerRecord], last: int = 3) -> tuple[float | None, str]:
     """The slowest startup (command start to first step) among the last few training sessions that measured
     one, and what it is made of: the budget a session must reserve before stepping."""
-    seen = [r for r in records if r.get("startup_seconds") is not None][-last:]
+    seen = [r for r in records if r.startup_seconds is not None][-last:]
     if not seen:
         return None, "no session has measured its startup yet"
-    worst = max(seen, key=lambda r: r["startup_seconds"])
-    pull = (worst.get("data") or {}).get("seconds")
-    return float(worst["startup_seconds"]), (f"measured (ledger, session {worst['session']}"
-                                             + (f": data pull {pull:.1f} s of it" if pull is not None else "") + ")")
+    worst = max(seen, key=lambda r: r.startup_seconds or 0.0)
+    pull = (worst.data or {}).get("seconds")
+    return float(worst.startup_seconds or 0.0), (f"measured (ledger, session {worst.session}"
+                                                 + (f": data pull {pull:.1f} s of it" if pull is not None else "") + ")")
 
 
-def checkpoint_seconds(records: list[dict[str, Any]], last: int = 3) -> float | None:
+def checkpoint_seconds(records: list[LedgerRecord], last: int = 3) -> float | None:
     """The slowest checkpoint cycle among the last few sessions: the time a final checkpoint needs."""
-    seen = [c["seconds"] for rec in records[-last:] for c in rec.get("checkpoints", []) if c.get("verified")]
+    seen = [c.seconds for rec in records[-last:] for c in rec.checkpoints if c.verified]
     return max(seen) if seen else None
 
 
-def format_ledger(records: list[dict[str, Any]], t: Totals) -> str:
+def verified_steps(records: list[LedgerRecord]) -> set[int]:
+    """Every step whose checkpoint a session booked as verified."""
+    return {s for r in records for s in r.verified_steps()}
+
+
+def format_ledger(records: list[LedgerRecord], t: Totals) -> str:
     lines = ["| session | started | last heartbeat | ended | billed h | outcome | steps | device |",
              "|---|---|---|---|---|---|---|---|"]
     for r in records:
         # A preflight stage's record trains no steps of the run: no range, not "None → None".
-        steps = "—" if r.get("steps_from") is None else f"{r['steps_from']} → {r.get('steps_to')}"
-        outcome = r["outcome"] if r["outcome"] != OPEN else "no end recorded (running, or died: billed to heartbeat)"
-        lines.append(f"| {r['session']} | {r['started']} | {r['heartbeat']} | {r.get('ended') or '—'} | "
-                     f"{billed_hours(r):.4f} | {outcome} | {steps} | {r.get('device')} x{r.get('bill_factor')} |")
+        steps = "—" if r.steps_from is None else f"{r.steps_from} → {r.steps_to}"
+        outcome = r.outcome if r.outcome != OPEN else "no end recorded (running, or died: billed to heartbeat)"
+        lines.append(f"| {r.session} | {r.started} | {r.heartbeat} | {r.ended or '—'} | "
+                     f"{billed_hours(r):.4f} | {outcome} | {steps} | {r.device} x{r.bill_factor} |")
     lines.append("")
     lines.append(f"total billed: {t.billed_hours:.4f} h over {t.sessions} sessions"
                  + (f" ({t.open_sessions} without a recorded end)" if t.open_sessions else ""))

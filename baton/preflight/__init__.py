@@ -108,7 +108,7 @@ def _bill(ctx: Context, name: str, started: float, result: StageResult) -> None:
         led = SessionLedger(open_store(ctx.store_url), ctx.cfg.run.name, started,
                             device="cuda" if gpus else "cpu", accelerators=max(1, gpus),
                             bill_factor=float(max(1, gpus)), tokens_per_step=ctx.scaled.tokens_per_step)
-        led.rec["kind"] = f"preflight:{name}"
+        led.rec.kind = f"preflight:{name}"
         led.end(f"preflight {name} {result.status}", None, 0.0)
     except Exception as e:  # the bill must not hide the stage's own result
         log.warning("could not record preflight stage %s in the ledger: %s", name, e)

@@ -103,8 +103,8 @@ def stage_resume(ctx: Context) -> StageResult:
             found = RESUME_LINE.search(p.stderr)
             resumes.append(int(found.group(1)) if found else None)
         pointer = read_pointer(store, run)
-        cursors.append(pointer["cursor"]["samples_consumed"] if pointer else None)
-        legs[-1].update(pointer_step=pointer["step"] if pointer else pointer, samples=cursors[-1])
+        cursors.append(pointer.cursor.get("samples_consumed") if pointer else None)
+        legs[-1].update(pointer_step=pointer.step if pointer else None, samples=cursors[-1])
     metrics = _metrics(run_dir)
     loss = {m["step"]: m["loss"] for m in metrics}
     around = [{"resume_at": b, "loss_before": loss.get(b), "loss_after": loss.get(b + 1)} for b in (n, 2 * n)]
@@ -145,8 +145,8 @@ def stage_stop_probe(ctx: Context) -> StageResult:
     s1 = json.loads((run_dir / "run_summary.json").read_text()) if (run_dir / "run_summary.json").is_file() else {}
     r.check("the stop lands on the boundary", s1.get("steps_done") == half, s1.get("steps_done"))
     r.check("the pointer names the stop step",
-            bool(ptr1) and ptr1 is not None and ptr1["step"] == half and ptr1["path"] == f"ckpt/step-{half}",
-            ptr1["path"] if ptr1 else ptr1)
+            ptr1 is not None and ptr1.step == half and ptr1.path == f"ckpt/step-{half}",
+            ptr1.path if ptr1 else ptr1)
     r.check("the local copy was pruned after verification", not any((run_dir / "ckpt").glob("step-*")))
     r.check("validation skipped on a segment that ends before the horizon", s1.get("val_loss") is None)
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -158,7 +158,7 @@ def stage_stop_probe(ctx: Context) -> StageResult:
             found.group(0) if found else found)
     ptr2 = read_pointer(store, run)
     s2 = json.loads((run_dir / "run_summary.json").read_text()) if (run_dir / "run_summary.json").is_file() else {}
-    c1, c2 = (ptr1 or {}).get("cursor", {}), (ptr2 or {}).get("cursor", {})
+    c1, c2 = ptr1.cursor if ptr1 else {}, ptr2.cursor if ptr2 else {}
     r.check("sample counts are step x samples per step",
             c1.get("samples_consumed") == half * gb and c2.get("samples_consumed") == horizon * gb,
             [c1.get("samples_consumed"), c2.get("samples_consumed")])
@@ -169,8 +169,7 @@ def stage_stop_probe(ctx: Context) -> StageResult:
     r.check("parameter count as configured", s2.get("params") == param_count(ctx.scaled.model), s2.get("params"))
     r.check("final evaluation ran", finite(s2.get("val_loss")), s2.get("val_loss"))
     r.check("final pointer rolled to the completed run",
-            bool(ptr2) and ptr2 is not None and ptr2.get("complete") is True and ptr2["step"] == horizon
-            and "final" in ptr2)
+            ptr2 is not None and ptr2.complete and ptr2.step == horizon and ptr2.final is not None)
     r.check("the exported model loads with transformers", _loads(run_dir / "final"))
     failed = [c.name for c in r.checks if not c.ok]
     r.numbers["verdict"] = "VERDICT PASS" if not failed else f"VERDICT FAIL {failed}"

@@ -11,7 +11,7 @@ import torch
 
 from ..checkpoint.cycle import push_checkpoint
 from ..checkpoint.pull import pull_checkpoint, read_pointer
-from ..checkpoint.state import rng_state, save_checkpoint
+from ..checkpoint.state import CheckpointState, rng_state, save_checkpoint
 from ..data.pull import ensure_data
 from ..data.reader import Cursor, WindowDataset, prefix_collisions
 from ..data.verify import verify_data
@@ -158,8 +158,9 @@ def stage_storage(ctx: Context) -> StageResult:
     folder = ctx.work / "storage" / "step-1"
     cursor = Cursor(cfg.train.global_batch, 1, cfg.data.seq_len, cfg.data.shuffle_seed, "preflight", "preflight")
     t = time.perf_counter()
-    save_checkpoint(folder, model, opt, {"step": 1, "cursor": cursor.to_dict(), "config": cfg.to_dict(),
-                                         "rng": {"world_size": 1, "ranks": [rng_state()]}}, None)
+    save_checkpoint(folder, model, opt, CheckpointState(step=1, total_steps=None, cursor=cursor.to_dict(),
+                                                        config=cfg.to_dict(), rng_ranks=[rng_state()],
+                                                        optimizer_param_groups=[]), None)
     r.numbers["save_seconds"] = round(time.perf_counter() - t, 3)
     size = sum(f.stat().st_size for f in folder.iterdir())
     r.numbers["checkpoint_bytes"] = size
@@ -172,7 +173,7 @@ def stage_storage(ctx: Context) -> StageResult:
                      throughput_mb_s=round(size / 1e6 / max(result.seconds, 1e-9), 1))
     r.check("push verified against the store's listing and ranged read-back", result.verified, store.describe())
     pointer = read_pointer(store, run)
-    r.check("pointer read back names the pushed checkpoint", pointer is not None and pointer["step"] == 1)
+    r.check("pointer read back names the pushed checkpoint", pointer is not None and pointer.step == 1)
     if pointer is None:  # nothing to pull from: the stage fails, with this as its error
         raise StoreError(f"the pointer of {run} is not in {store.describe()} after a verified push")
     r.check("local copy pruned only after verification", not folder.exists(),
@@ -182,7 +183,7 @@ def stage_storage(ctx: Context) -> StageResult:
     pull_checkpoint(store, run, pointer, pulled)
     r.numbers["cold_pull_seconds"] = round(time.perf_counter() - t, 3)
     r.check("cold pull into an empty folder, every sha256 checked",
-            sorted(p.name for p in pulled.iterdir()) == sorted(pointer["files"]))
+            sorted(p.name for p in pulled.iterdir()) == sorted(pointer.files))
     shutil.rmtree(pulled)
     delete_prefix(store, f"{run}/")
     r.check("scratch location cleaned up", not store.list(f"{run}/"))

@@ -10,7 +10,10 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from ..evaluate.record import EvalRecord
+
 LOSS_CURVE = "loss_curve.png"
+LM_EVAL_URL = "https://github.com/EleutherAI/lm-evaluation-harness"
 
 
 def loss_curve(metrics: Path, out: Path, heldout: float | None = None) -> Path | None:
@@ -41,24 +44,25 @@ def loss_curve(metrics: Path, out: Path, heldout: float | None = None) -> Path |
     return out
 
 
-def _results(model_name: str, ev: dict[str, Any]) -> list[EvalResult]:
+def _results(model_name: str, ev: EvalRecord) -> list[EvalResult]:
     out = []
-    h = ev.get("heldout") or {}
-    held = f"held-out windows of run {ev.get('run')}"
+    h = ev.heldout
+    held = f"held-out windows of run {ev.run}"
     for metric in ("loss", "bits_per_byte", "ppl"):
         if metric in h:
             out.append(EvalResult(task_type="text-generation", dataset_type="baton-heldout", dataset_name=held,
                                   metric_type=metric, metric_value=round(float(h[metric]), 6)))
-    for name, r in (ev.get("files") or {}).items():
+    for name, r in ev.files.items():
         for metric in ("loss", "bits_per_byte"):
             if metric in r:
                 out.append(EvalResult(task_type="text-generation", dataset_type="text-file", dataset_name=name,
                                       metric_type=metric, metric_value=round(float(r[metric]), 6)))
-    for task, metrics in (ev.get("tasks") or {}).items():
+    for task, metrics in ev.tasks.items():
         for metric, value in metrics.items():
+            # huggingface_hub refuses a source name without its URL (ValueError)
             out.append(EvalResult(task_type="text-generation", dataset_type=task, dataset_name=task,
                                   metric_type=metric, metric_value=round(float(value), 6),
-                                  source_name="lm-evaluation-harness"))
+                                  source_name="lm-evaluation-harness", source_url=LM_EVAL_URL))
     return out
 
 
@@ -79,7 +83,7 @@ def limitations(*, step: int, horizon: int, params: int, tokens_seen: int, seq_l
 
 
 def build_card(*, repo: str, run: str, step: int, horizon: int, params: int, tokens_seen: int, config: dict[str, Any],
-               manifest: dict[str, Any], ledger: dict[str, Any], evaluation: dict[str, Any], license: str,
+               manifest: dict[str, Any], ledger: dict[str, Any], evaluation: EvalRecord, license: str,
                tags: list[str], curve: str | None) -> ModelCard:
     model_cfg = config["model"]
     datasets = sorted({s["path"] for s in config["data"]["sources"] if s.get("kind") == "hf_dataset" and s.get("path")})
@@ -89,10 +93,10 @@ def build_card(*, repo: str, run: str, step: int, horizon: int, params: int, tok
     sources = "\n".join(f"  - {s['kind']}: {s.get('path') or '(the Python standard library)'}"
                         + (f" (weight {s['weight']:g})" if s.get("weight", 1.0) != 1.0 else "")
                         for s in config["data"]["sources"])
-    h = evaluation.get("heldout") or {}
-    rows = [("held-out windows", h)] + [(n, r) for n, r in (evaluation.get("files") or {}).items()]
+    h = evaluation.heldout
+    rows = [("held-out windows", h)] + list(evaluation.files.items())
     table = "\n".join(f"| {n} | {r['loss']:.4f} | {r['bits_per_byte']:.4f} | {r['tokens']:,} |" for n, r in rows if r)
-    tasks = "\n".join(f"| {t} | {m} | {v:.4f} |" for t, ms in (evaluation.get("tasks") or {}).items()
+    tasks = "\n".join(f"| {t} | {m} | {v:.4f} |" for t, ms in evaluation.tasks.items()
                       for m, v in ms.items())
     hours = ledger.get("billed_hours")
     devices = ledger.get("devices") or []
@@ -142,7 +146,7 @@ lm-evaluation-harness:
 ## Limitations
 
 {limitations(step=step, horizon=horizon, params=params, tokens_seen=tokens_seen, seq_len=config['data']['seq_len'],
-             tasks=bool(evaluation.get('tasks')))}
+             tasks=bool(evaluation.tasks))}
 
 ## How to use
 

@@ -23,6 +23,7 @@ from .. import faults
 from ..checkpoint.cycle import push_folder, store_key
 from ..config import Config
 from ..errors import BatonError, StoreError
+from ..evaluate.record import EvalRecord
 from ..planning import ledger as L
 from ..store import RetryPolicy, Store, open_store
 
@@ -92,21 +93,21 @@ def _probe(target: Target) -> None:
 def _ledger_summary(store: Store, run: str) -> dict[str, Any]:
     records, _ = L.read_ledger(store, run)
     t = L.totals(records)
-    devices = sorted({f"{r.get('accelerators', 1)} x {r.get('device')}" for r in records if r.get("device")})
+    devices = sorted({f"{r.accelerators} x {r.device}" for r in records if r.device})
     return {"billed_hours": round(t.billed_hours, 6), "sessions": t.sessions, "devices": devices}
 
 
-def publish_folder(cfg: Config, target: Target, folder: Path, state: dict[str, Any], evaluation: dict[str, Any],
-                   metrics: Path | None) -> dict[str, Any]:
+def publish_folder(cfg: Config, target: Target, folder: Path, step: int, config: dict[str, Any],
+                   evaluation: EvalRecord, metrics: Path | None) -> dict[str, Any]:
     """Push the exported ``folder`` (plus the loss curve) to ``target``, verify it, then write the card."""
     from ..config import config_from_dict
     from ..data.manifest import load_manifest
     from ..model.llama import param_count
     from .modelcard import LOSS_CURVE, build_card, loss_curve
 
-    saved = config_from_dict(state["config"])
+    saved = config_from_dict(config)
     store = target.store
-    curve = loss_curve(metrics, folder / LOSS_CURVE, (evaluation.get("heldout") or {}).get("loss")) \
+    curve = loss_curve(metrics, folder / LOSS_CURVE, evaluation.heldout.get("loss")) \
         if metrics is not None else None
     (folder / "baton.json").unlink(missing_ok=True)  # the card carries the provenance
     card_key = store_key(target.prefix, CARD)
@@ -115,12 +116,11 @@ def publish_folder(cfg: Config, target: Target, folder: Path, state: dict[str, A
 
         delete_keys(store, [card_key])
     files, _ = push_folder(store, folder, target.prefix, cfg.store.verify,
-                           what=f"model of step {state['step']} at {target.describe()}")
-    faults.point("publish.card", state["step"])
+                           what=f"model of step {step} at {target.describe()}")
+    faults.point("publish.card", step)
     ckpt_store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
-    card = build_card(repo=target.repo, run=cfg.run.name, step=state["step"], horizon=saved.total_steps,
-                      params=param_count(saved.model),
-                      tokens_seen=state["step"] * saved.tokens_per_step, config=state["config"],
+    card = build_card(repo=target.repo, run=cfg.run.name, step=step, horizon=saved.total_steps,
+                      params=param_count(saved.model), tokens_seen=step * saved.tokens_per_step, config=config,
                       manifest=load_manifest(cfg.data.dir), ledger=_ledger_summary(ckpt_store, cfg.run.name),
                       evaluation=evaluation, license=cfg.publish.license, tags=cfg.publish.tags,
                       curve=LOSS_CURVE if curve else None)
@@ -128,14 +128,13 @@ def publish_folder(cfg: Config, target: Target, folder: Path, state: dict[str, A
     store.write_text(card_key, text)
     if store.read_text(card_key) != text:
         raise StoreError(f"the model card {card_key} read back from {target.describe()} differs from what was written")
-    log.info("published step %d to %s: %d files verified, then the model card", state["step"], target.describe(),
-             len(files))
-    return {"target": target.describe(), "step": state["step"], "files": sorted(files), "card": card_key}
+    log.info("published step %d to %s: %d files verified, then the model card", step, target.describe(), len(files))
+    return {"target": target.describe(), "step": step, "files": sorted(files), "card": card_key}
 
 
 def publish(cfg: Config, step: int | None = None, revision: str | None = None) -> dict[str, Any]:
     """`baton publish`: the verified checkpoint at ``step`` (None: the pointer's) to ``publish.url``."""
-    from ..checkpoint.select import locate
+    from ..checkpoint.history import locate
     from ..checkpoint.state import METRICS_FILE
     from ..data.manifest import load_manifest
     from ..data.prepare import TOKENIZER_FILE
@@ -144,18 +143,19 @@ def publish(cfg: Config, step: int | None = None, revision: str | None = None) -
 
     target = open_target(cfg, revision)
     ckpt_store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
-    wanted = locate(ckpt_store, cfg.run.name, step)["step"]  # a step not in the store fails here, before uploads
+    wanted = locate(ckpt_store, cfg.run.name, step).step  # a step not in the store fails here, before uploads
     plan = Plan(cfg)
-    evaluation = read_record(ckpt_store, cfg.run.name, wanted, plan)  # reused only if it scored what cfg names
+    evaluation = read_record(ckpt_store, cfg.run.name, wanted, plan.spec())  # reused only if it scored what cfg names
     with tempfile.TemporaryDirectory(prefix="baton-publish-") as tmp:
         model, state = checkpoint_model(cfg, "store", Path(tmp), wanted)
         folder = export_model(model, Path(cfg.data.dir) / TOKENIZER_FILE, Path(tmp) / "model",
                               load_manifest(cfg.data.dir)["tokenizer"]["eos_token"])
         if evaluation is None:
-            evaluation = evaluate_model(cfg, plan, model, state, folder)
-            write_record(ckpt_store, cfg.run.name, evaluation)
+            evaluation = evaluate_model(cfg, plan, model, state.step, state.config, folder)
+            write_record(ckpt_store, evaluation)
         metrics = Path(tmp) / "ckpt" / METRICS_FILE
-        return publish_folder(cfg, target, folder, state, evaluation, metrics if metrics.is_file() else None)
+        return publish_folder(cfg, target, folder, state.step, state.config, evaluation,
+                              metrics if metrics.is_file() else None)
 
 
 def publish_trained(cfg: Config, model, step: int, folder: Path, metrics: Path | None,
@@ -168,14 +168,13 @@ def publish_trained(cfg: Config, model, step: int, folder: Path, metrics: Path |
     target = open_target(cfg, revision)
     plan = Plan(cfg)
     ckpt_store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
-    state = {"step": step, "config": cfg.to_dict()}
     with tempfile.TemporaryDirectory(prefix="baton-publish-") as tmp:
         staged = Path(shutil.copytree(folder, Path(tmp) / "model"))
-        evaluation = read_record(ckpt_store, cfg.run.name, step, plan)
+        evaluation = read_record(ckpt_store, cfg.run.name, step, plan.spec())
         if evaluation is None:
-            evaluation = evaluate_model(cfg, plan, model, state, staged)
-            write_record(ckpt_store, cfg.run.name, evaluation)
-        return publish_folder(cfg, target, staged, state, evaluation, metrics)
+            evaluation = evaluate_model(cfg, plan, model, step, cfg.to_dict(), staged)
+            write_record(ckpt_store, evaluation)
+        return publish_folder(cfg, target, staged, step, cfg.to_dict(), evaluation, metrics)
 
 
 def revision_for(cfg: Config, step: int, total_steps: int) -> str | None:

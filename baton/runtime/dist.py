@@ -9,11 +9,16 @@ from __future__ import annotations
 import datetime
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+
+from ..errors import BatonError
+
+T = TypeVar("T")
 
 # Waiting on rank 0's store work (pulling, pushing and verifying a multi-GB checkpoint to a slow store)
 # can last far longer than any step's collective should; those waits get their own timeout.
@@ -130,6 +135,45 @@ def gather(obj: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj, group=_OBJ_GROUP)
     return out
+
+
+def on_main(fn: Callable[[], T], local: bool = False) -> T | None:
+    """Run ``fn`` on rank 0 (``local``: on each node's local rank 0) while the other ranks wait, and hand its
+    result to every rank (``local``: ``fn``'s ranks get their result, the others None). An error there is
+    raised on every rank: a ``BatonError`` as the same class with the same message, anything else as a
+    RuntimeError naming the rank (that rank raises the original, with its traceback).
+
+    The others wait in a collective of the object group, whose timeout is the long store wait's, never in the
+    step's: the work may be a pull, a push or an upload of any length. A single process just calls ``fn``.
+    """
+    if not dist.is_initialized():
+        return fn()
+    rank = dist.get_rank()
+    runs = int(os.environ.get("LOCAL_RANK", 0)) == 0 if local else rank == 0
+    result: Any = None
+    failure: BaseException | None = None
+    if runs:
+        try:
+            result = fn()
+        except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they wait forever
+            failure = e
+    report = None if failure is None else (
+        (type(failure), str(failure)) if isinstance(failure, BatonError)
+        else (RuntimeError, f"rank {rank} failed: {type(failure).__name__}: {failure}"))
+    if local:
+        reports = gather(report)
+    else:
+        result, report = broadcast((result, report))
+        reports = [report]
+    if failure is not None:
+        raise failure
+    first = next((r for r in reports if r is not None), None)
+    if first is not None:
+        kind, message = first
+        err = kind.__new__(kind)  # the class itself, without its own __init__'s arguments
+        Exception.__init__(err, message)
+        raise err
+    return result
 
 
 def barrier() -> None:

@@ -10,7 +10,9 @@ counters), ``checkpointer`` (the push in flight and the lineage), ``budget`` (th
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import logging
 import signal
 import time
@@ -20,13 +22,17 @@ from typing import Any
 
 import torch
 
+from ..checkpoint.history import newest_validation
 from ..config import Config
 from ..data.reader import micro_batches
 from ..errors import BatonError
+from ..model.llama import build_model
+from ..model.optimizer import adamw
 from ..planning.ledger import checkpoint_seconds, read_ledger
 from ..runtime import dist
 from ..runtime.memory import rss_peak
 from ..tracking import Trackers, check_installed, open_trackers
+from ..tracking.trackers import read_rows
 from . import parts as session_parts
 from . import resume as resuming
 from .checkpointer import Checkpointer
@@ -39,12 +45,18 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Boundary:
-    """What every rank agreed at a step boundary (one all-reduce); the loop acts on each field in turn."""
+    """What every rank agreed at a step boundary (one all-reduce); the loop acts on each field in turn.
+
+    Agreeing does no store work: rank 0 only reads its own state. What follows from it (booking a push, a
+    heartbeat) is a named step of the loop, so no rank waits in the step's collective while rank 0 talks to
+    the store."""
 
     push_failed: bool  # rank 0's background push failed: every rank stops with its error
+    push_done: bool  # rank 0's background push is verified: the loop books it (``Checkpointer.book``)
     signal: bool  # a stop signal reached some rank
     out_of_time: bool  # rank 0's clock: one more step would not leave time for the final checkpoint
     checkpoint_due: bool  # the timed checkpoint cadence (budget.ckpt_minutes)
+    heartbeat_due: bool  # the ledger's heartbeat (budget.heartbeat_minutes)
 
 
 class Session:
@@ -79,13 +91,16 @@ class Session:
             raise
         self.state = TrainState(step=resumed.step, stats=resumed.stats, resumed_from=resumed.from_step,
                                 spikes=detector(cfg.train, resumed.stats.spike_window))
+        self.metrics_path = p.run_dir / "metrics.jsonl"
+        # The run's newest validation so far (the resumed checkpoint's metrics.jsonl holds it): what the summary
+        # says when this session runs none of its own.
+        self.state.val = newest_validation(read_rows(self.metrics_path)) if resumed.from_step else None
         self.complete_pointer = resumed.complete  # the run is already complete: nothing to train
         self.budget = self._time_budget()
         if p.ledger is not None:
             p.ledger.resumed(self.state.step)
         # Wrapped after resuming: the checkpoint is the full state, loaded into the plain model first.
         self.parts = p = p.wrapped()
-        self.metrics_path = p.run_dir / "metrics.jsonl"
         self.trackers: Trackers | None = None  # rank 0's: metrics.jsonl, TensorBoard, W&B, MLflow ([log])
         if p.dist.is_main:
             try:  # opened after resuming rewrote metrics.jsonl
@@ -145,22 +160,21 @@ class Session:
         """The one collective per step boundary: each rank's view, maxed over ranks (see ``Boundary``).
 
         A signal on any rank stops every rank. The clock is rank 0's alone (its ledger knows the measured
-        checkpoint times), so the ranks cannot disagree about the deadline. Rank 0 also writes the ledger's
-        heartbeat here when one is due.
+        checkpoint times), so the ranks cannot disagree about the deadline. A push that finished is taken here
+        (in memory: its cost reaches the clock before it decides) and booked by the loop after.
         """
         p, now = self.parts, time.time()
-        flags = [False, self._signals.signum is not None, False, False]
+        flags = [False, False, self._signals.signum is not None, False, False, False]
         if p.dist.is_main:
             ckpt = self.checkpointer
-            finished = not ckpt.pusher.in_flight  # read first: the failure check below then sees the final state
-            flags[0] = ckpt.pusher.failure() is not None
-            if finished and not flags[0] and ckpt.pending is not None:
-                ckpt.collect()  # booked as soon as it is verified: its rows reach the trackers
-            flags[2] = self.budget.should_stop(now, final=step + 1 >= p.total_steps, in_flight=ckpt.pusher.in_flight,
+            flags[0] = ckpt.finished() and ckpt.pusher.failure() is not None
+            if ckpt.finished() and not flags[0]:
+                ckpt.take()
+            flags[1] = bool(ckpt.unbooked)
+            flags[3] = self.budget.should_stop(now, final=step + 1 >= p.total_steps, in_flight=ckpt.pusher.in_flight,
                                                evaluates=self.eval_due(step + 1))
-            flags[3] = self.budget.checkpoint_due(now)
-            if p.ledger is not None and self._ledger_open and p.ledger.heartbeat_due(now):
-                p.ledger.heartbeat(step, self.budget.stepping_seconds)
+            flags[4] = self.budget.checkpoint_due(now)
+            flags[5] = p.ledger is not None and self._ledger_open and p.ledger.heartbeat_due(now)
         if p.world > 1:
             import torch.distributed as tdist
 
@@ -168,6 +182,42 @@ class Session:
             tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
             flags = [bool(v) for v in t.tolist()]
         return Boundary(*flags)
+
+    def heartbeat(self, step: int) -> None:
+        """All ranks: rank 0 rewrites its ledger record (a failed write warns); the others wait for it."""
+        ledger = self.parts.ledger
+        dist.on_main(lambda: ledger.heartbeat(step, self.budget.stepping_seconds) if ledger is not None else None)
+
+    def reload(self, base: int) -> None:
+        """All ranks: the model, optimizer, scaler, RNG, counters and cursor from the store's pointer at ``base``,
+        as a session starting now would load them (``resume`` in mode auto, whatever this session started from),
+        wrapped for the ranks again. The trackers and the checkpointer follow (a loss-spike rollback)."""
+        p, st = self.parts, self.state
+        cfg = p.cfg
+        if self.trackers is not None:  # the resume rewrites metrics.jsonl from the checkpoint's copy
+            self.trackers.rewind(base)
+        model = build_model(cfg.model, p.device, seed=cfg.train.seed)
+        plain = dataclasses.replace(p, model=model, optimizer=adamw(model, cfg, p.device),
+                                    scaler=torch.amp.GradScaler(p.device.type, enabled=cfg.train.precision == "fp16"))
+        r = resuming.resume(plain, "auto", self.allow_change)
+        st.step, st.stats, st.resumed_from = r.step, r.stats, r.from_step
+        st.spikes = detector(cfg.train, st.stats.spike_window)
+        self.parts = plain.wrapped()
+        self.checkpointer.rebase(self.parts, r.parent)
+        if self._bar is not None:
+            self._bar.n = st.step
+            self._bar.refresh()
+
+    def rolled_back(self, rollbacks: list[dict[str, Any]], skipped: tuple[tuple[int, int], ...],
+                    row: dict[str, Any]) -> None:
+        """After ``reload``: the rollbacks so far and the stream ranges skipped from now on, which every later
+        checkpoint carries; the rollback's own row in metrics.jsonl (rank 0)."""
+        self.state.stats.rollbacks = rollbacks
+        self.parts.data.set_skipped(skipped)
+        self.state.spikes = detector(self.parts.cfg.train, self.state.stats.spike_window)
+        if self.parts.dist.is_main:
+            with open(self.metrics_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
 
     def stop_reason(self, b: Boundary) -> str:
         if not b.signal:
@@ -219,7 +269,7 @@ class Session:
         if u is not None:
             row["mfu"] = round(u, 4)
         assert self.trackers is not None  # rank 0 opened them
-        self.trackers.log(step, row)
+        self.trackers.log(step, row)  # a tracker that fails is dropped with a warning (tracking.Trackers)
         if "val_loss" in m:
             log.info("step %d validation: loss %.4f ppl %.2f over %d windows (%.1f s)", step, m["val_loss"],
                      m["val_ppl"], m["val_windows"], m["eval_seconds"])

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.record import CheckpointState, DataStamp
 from ..errors import BatonError, DataError, ResumeError
 from ..hashing import sha256_file
 
@@ -82,17 +83,16 @@ def tokenizer_sha256(data_dir: str | Path, manifest: dict[str, Any]) -> str:
     return digest
 
 
-def state_data(cfg_dict: dict[str, Any], fingerprint: str, tok_sha256: str) -> dict[str, Any]:
+def state_data(cfg_dict: dict[str, Any], fingerprint: str, tok_sha256: str) -> DataStamp:
     """What a checkpoint records about its data, for the next resume to compare."""
     t, d = cfg_dict["train"], cfg_dict["data"]
-    return {"fingerprint": fingerprint, "tokenizer_sha256": tok_sha256,
-            "tokens_per_step": t["global_batch"] * d["seq_len"]}
+    return DataStamp(fingerprint, tok_sha256, t["global_batch"] * d["seq_len"])
 
 
-def differences(state: dict[str, Any], new_cfg: dict[str, Any], fingerprint: str, permutation: str,
+def differences(state: CheckpointState, new_cfg: dict[str, Any], fingerprint: str, permutation: str,
                 tok_sha256: str, total_steps: int | None = None) -> list[Difference]:
     """Every difference between the checkpoint and this session that would make it a different run."""
-    old_cfg = state.get("config") or {}
+    old_cfg = state.config
     out = [Difference(k, _get(old_cfg, k), _get(new_cfg, k)) for k in FROZEN_KEYS
            if _get(old_cfg, k) != _get(new_cfg, k)]
     try:
@@ -102,32 +102,22 @@ def differences(state: dict[str, Any], new_cfg: dict[str, Any], fingerprint: str
     new_tps = new_cfg["train"]["global_batch"] * new_cfg["data"]["seq_len"]
     if old_tps != new_tps:
         out.append(Difference(TOKENS_PER_STEP, old_tps, new_tps))
-    cursor = state.get("cursor") or {}
-    data = state.get("data") or {}
+    cursor = state.cursor
     if cursor.get("dataset_fingerprint") != fingerprint:
         out.append(Difference("data.fingerprint", cursor.get("dataset_fingerprint"), fingerprint))
-    if data.get("tokenizer_sha256") and data["tokenizer_sha256"] != tok_sha256:
-        out.append(Difference("data.tokenizer", data["tokenizer_sha256"], tok_sha256))
+    if state.data.tokenizer_sha256 and state.data.tokenizer_sha256 != tok_sha256:
+        out.append(Difference("data.tokenizer", state.data.tokenizer_sha256, tok_sha256))
     # The order's identity follows from the seed, the hold-out and the corpus; named only when none of
     # those explains a change (a different permutation algorithm).
     explained = {d.key for d in out} & {"data.shuffle_seed", "data.val_windows", "data.fingerprint", "data.seq_len"}
     if cursor.get("permutation_fingerprint") != permutation and not explained:
         out.append(Difference("data.permutation", cursor.get("permutation_fingerprint"), permutation))
-    if total_steps is not None and isinstance(state.get("total_steps"), int) and state["total_steps"] != total_steps:
-        out.append(Difference(HORIZON, state["total_steps"], total_steps))
+    if total_steps is not None and state.total_steps is not None and state.total_steps != total_steps:
+        out.append(Difference(HORIZON, state.total_steps, total_steps))
     return out
 
 
-def lost_skips(state: dict[str, Any]) -> list[list[int]]:
-    """The ranges the checkpoint's rollback records skipped that its cursor does not skip (none, when sound):
-    the skipped ranges are part of the data position, and a cursor without them would read those samples."""
-    covered = [tuple(r) for r in (state.get("cursor") or {}).get("skipped") or ()]
-    records = ((state.get("stats") or {}).get("rollbacks")) or []
-    return [r["skip"] for r in records if isinstance(r, dict) and isinstance(r.get("skip"), list)
-            and not any(a <= r["skip"][0] and r["skip"][1] <= b for a, b in covered)]
-
-
-def horizon_problem(state: dict[str, Any], new_cfg: dict[str, Any], total_steps: int) -> str | None:
+def horizon_problem(state: CheckpointState, new_cfg: dict[str, Any], total_steps: int) -> str | None:
     """Why the horizon may not move at this checkpoint (None: it may).
 
     Moving the horizon moves the decay. The run stays the run it would have been with the new horizon from
@@ -137,8 +127,8 @@ def horizon_problem(state: dict[str, Any], new_cfg: dict[str, Any], total_steps:
     """
     from ..model.schedule import decay_begin
 
-    step, old_total = state["step"], state["total_steps"]
-    old_o, new_o = (state.get("config") or {}).get("optim") or {}, new_cfg["optim"]
+    step, old_total = state.step, state.total_steps or 0
+    old_o, new_o = state.config.get("optim") or {}, new_cfg["optim"]
     kind = old_o.get("schedule", "wsd")
     if kind != "wsd" or new_o["schedule"] != "wsd":
         if step <= min(old_o.get("warmup_steps", 0), new_o["warmup_steps"]):
@@ -156,19 +146,19 @@ def horizon_problem(state: dict[str, Any], new_cfg: dict[str, Any], total_steps:
     return None
 
 
-def refuse_drift(state: dict[str, Any], new_cfg: dict[str, Any], total_steps: int, fingerprint: str,
+def refuse_drift(state: CheckpointState, new_cfg: dict[str, Any], total_steps: int, fingerprint: str,
                  permutation: str, tok_sha256: str, allowed: set[str] | frozenset[str] = frozenset(),
                  note: str = "") -> list[Difference]:
     """Raise the one message that refuses a resume that drifts (every difference); returns the differences,
     all of them allowed. ``note`` is added to the message."""
     diffs = differences(state, new_cfg, fingerprint, permutation, tok_sha256, total_steps)
-    step = state.get("step")
-    lost = lost_skips(state)
+    step = state.step
+    lost = state.stats.lost_skips(state.skipped)
     if lost:
         raise ResumeError(f"the checkpoint at step {step} records rollbacks that skipped stream samples {lost}, but "
                           "its data cursor does not skip them: the checkpoint is inconsistent (resume from an "
                           "earlier checkpoint with --resume PATH, or start a new run.name)")
-    if isinstance(step, int) and total_steps < step:
+    if total_steps < step:
         raise ResumeError(f"the horizon is {total_steps} steps but the checkpoint is at step {step}{note} (raise "
                           "train.steps or train.target_tokens, or start a new run.name)")
     _refuse(step, diffs, allowed, note)
@@ -181,7 +171,7 @@ def refuse_drift(state: dict[str, Any], new_cfg: dict[str, Any], total_steps: in
     return diffs
 
 
-def check_resume(state: dict[str, Any], new_cfg: dict[str, Any], total_steps: int, fingerprint: str,
+def check_resume(state: CheckpointState, new_cfg: dict[str, Any], total_steps: int, fingerprint: str,
                  permutation: str, tok_sha256: str,
                  allowed: set[str] | frozenset[str] = frozenset()) -> list[Difference]:
     """Refuse a resume that drifts (one message, every difference); returns the differences allowed."""
@@ -190,7 +180,7 @@ def check_resume(state: dict[str, Any], new_cfg: dict[str, Any], total_steps: in
         log.warning("resuming with changes allowed by --allow-change: %s", "; ".join(str(d) for d in diffs))
     for key in sorted(set(allowed) - {d.key for d in diffs}):
         log.info("--allow-change %s: nothing to allow, it is unchanged", key)
-    old_cfg = state.get("config") or {}
+    old_cfg = state.config
     free = [Difference(f"{sec}.{name}", old, new_cfg[sec][name])
             for sec, values in old_cfg.items() if isinstance(values, dict) and isinstance(new_cfg.get(sec), dict)
             for name, old in values.items()
@@ -212,7 +202,7 @@ def _refuse(step: Any, diffs: list[Difference], allowed: set[str] | frozenset[st
                           f"makes it the same run: {'; '.join(str(d) for d in diffs)}{note} ({fix})")
 
 
-def check_before_pull(state: dict[str, Any] | None, cursor: dict[str, Any], step: Any, new_cfg: dict[str, Any],
+def check_before_pull(state: CheckpointState | None, cursor: dict[str, Any], step: Any, new_cfg: dict[str, Any],
                       total_steps: int, manifest: dict[str, Any], permutation: str | None,
                       allowed: set[str] | frozenset[str]) -> None:
     """The drift check made on the published manifest alone, before the dataset is downloaded (hours at a

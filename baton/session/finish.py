@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..checkpoint.cycle import make_pointer, push_folder, write_pointer
-from ..checkpoint.pull import read_pointer
+from ..checkpoint.cycle import push_folder
+from ..checkpoint.pointer import read_pointer, write_pointer
 from ..data.prepare import TOKENIZER_FILE
 from ..errors import BatonError, StoreError
 from ..evaluate.heldout import window_losses
@@ -81,9 +81,11 @@ def validate(s: Session, step: int) -> dict[str, float]:
 def finish(s: Session) -> None:
     """At the horizon: final evaluation, export, push the export, and mark the run complete."""
     p, st = s.parts, s.state
-    st.val = evaluate(s)
-    log.info("validation: loss %.4f ppl %.2f over %d windows", st.val.get("val_loss", float("nan")),
-             st.val.get("val_ppl", float("nan")), st.val.get("val_windows", 0))
+    val = evaluate(s)
+    if val:
+        st.val = {**val, "val_step": st.step}
+    log.info("validation: loss %.4f ppl %.2f over %d windows", val.get("val_loss", float("nan")),
+             val.get("val_ppl", float("nan")), val.get("val_windows", 0))
     plain = s.checkpointer.plain_state()
     err = None
     if p.dist.is_main:
@@ -99,8 +101,9 @@ def finish(s: Session) -> None:
 
             try:
                 publish_trained(p.cfg, plain[0], st.step, p.run_dir / "final", s.metrics_path)
-            except (BatonError, OSError) as e:
-                err = (f"the run is complete, but publishing it to {p.cfg.publish.url} failed ({e}); run "
+            except Exception as e:  # noqa: BLE001 - the run is complete and verified: one line, whatever failed
+                said = " ".join(f"{type(e).__name__}: {e}".split())
+                err = (f"the run is complete, but publishing it to {p.cfg.publish.url} failed ({said}); run "
                        "`baton publish -c CONFIG` to finish publishing")
     err = dist.broadcast(err)
     if err:
@@ -111,20 +114,24 @@ def _publish_final(s: Session, model: torch.nn.Module) -> None:
     from ..model.export import export_model
 
     pointer = read_pointer(p.store, p.run)
-    if pointer is None or pointer["step"] != st.step:
+    if pointer is None or pointer.step != st.step:
         raise StoreError(f"expected the pointer at step {st.step} before publishing the final model")
     out = p.run_dir / "final"
     manifest = p.data.manifest["tokenizer"]
     export_model(model, Path(p.cfg.data.dir) / TOKENIZER_FILE, out, manifest["eos_token"],
-                 meta={"run": p.run, "step": st.step, **(st.val or {}), "config": p.cfg.to_dict()})
+                 meta={"run": p.run, "step": st.step, **_horizon_val(st.val, st.step), "config": p.cfg.to_dict()})
     files, _ = push_folder(p.store, out, f"{p.run}/final", p.cfg.store.verify)
     # The verified history stays in the pointer: retention in later sessions goes by it.
-    history = {"verified": pointer["verified"]} if "verified" in pointer else {}
-    done = make_pointer(p.run, pointer["step"], pointer["path"], pointer["files"], pointer["cursor"],
-                        complete=True, extra={"final": {"path": "final", "files": files}, **history, **(st.val or {})})
-    write_pointer(p.store, p.run, done)
+    write_pointer(p.store, pointer.completed(files, _horizon_val(st.val, st.step)))
     log.info("run %s complete: final model verified at %s/final; pointer marks the run complete",
              p.run, p.run)
+
+def _horizon_val(val: dict[str, Any] | None, step: int) -> dict[str, Any]:
+    """The horizon's own validation values (none when an earlier one is the newest)."""
+    if not val or val.get("val_step") != step:
+        return {}
+    return {k: v for k, v in val.items() if k != "val_step"}
+
 
 def summary(s: Session, tokens_per_s: float) -> dict[str, Any]:
     """run_summary.json: whole-run counters, this session's checkpoints, peaks (max over ranks), config."""
@@ -144,8 +151,9 @@ def summary(s: Session, tokens_per_s: float) -> dict[str, Any]:
         "final_train_loss": st.stats.last_loss,
         "val_loss": (st.val or {}).get("val_loss"),
         "val_ppl": (st.val or {}).get("val_ppl"),
-        # The step of that validation: the horizon's, or the newest periodic one (train.eval_every).
-        "val_step": (st.val or {}).get("val_step", st.step if st.val else None),
+        # The step of that validation: the horizon's, or the newest periodic one (train.eval_every), this
+        # session's or an earlier one's.
+        "val_step": (st.val or {}).get("val_step"),
         "eval_seconds_max": s.budget.eval_max,
         "tokens_per_s": tokens_per_s,
         **p.flops.summary(tokens_per_s),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,8 +12,9 @@ from typing import Any
 
 import torch
 
-from ..checkpoint.pull import read_pointer
-from ..checkpoint.state import STATE_FILE, read_state
+from ..checkpoint.names import STATE_FILE
+from ..checkpoint.pointer import Pointer, read_pointer
+from ..checkpoint.record import CheckpointState, parse_state_text, read_state
 from ..config import Config
 from ..data.permutation import Permutation
 from ..data.pull import DataSource, ensure_data
@@ -139,17 +139,7 @@ def _ensure_data(cfg: Config, info: dist.DistInfo, check: Callable[[dict[str, An
     """data.url pulled into data.dir by one process per node while the others wait; every rank gets the error."""
     if not cfg.data.url:
         return None
-    source, err = None, None
-    if info.local_rank == 0:
-        try:
-            source = ensure_data(cfg, check)
-        except BatonError as e:
-            err = (type(e), str(e))
-    errs = [e for e in dist.gather(err) if e]
-    if errs:
-        kind, message = errs[0]
-        raise kind(message)
-    return source
+    return dist.on_main(lambda: ensure_data(cfg, check), local=True)
 
 
 def _data_drift(cfg: Config, store: Store, resume: str, allow_change: frozenset[str]
@@ -161,37 +151,36 @@ def _data_drift(cfg: Config, store: Store, resume: str, allow_change: frozenset[
         return None
 
     def check(manifest: dict[str, Any]) -> None:
+        state: CheckpointState | None
         if resume == "auto":
             pointer = read_pointer(store, cfg.run.name)
-            if pointer is None or (pointer.get("complete") and pointer["step"] >= cfg.total_steps):
+            if pointer is None or (pointer.complete and pointer.step >= cfg.total_steps):
                 return  # a fresh start, or a complete run that trains nothing
-            cursor, step, state = pointer["cursor"], pointer["step"], _stored_state(store, cfg.run.name, pointer)
+            cursor, step, state = pointer.cursor, pointer.step, _stored_state(store, pointer)
         else:
             try:
                 state = read_state(Path(resume))
             except BatonError:
                 return  # the resume reports an unreadable checkpoint in its own words
-            cursor, step = state["cursor"], state["step"]
-        if isinstance(cursor, dict):
-            n_train = WindowDataset.train_windows(manifest["total_tokens"], cfg.data.seq_len, cfg.data.val_windows)
-            order = Permutation(n_train, cfg.data.shuffle_seed, 0).fingerprint() if n_train >= 1 else None
-            check_before_pull(state, cursor, step, cfg.to_dict(), cfg.total_steps, manifest, order, allow_change)
+            cursor, step = state.cursor, state.step
+        n_train = WindowDataset.train_windows(manifest["total_tokens"], cfg.data.seq_len, cfg.data.val_windows)
+        order = Permutation(n_train, cfg.data.shuffle_seed, 0).fingerprint() if n_train >= 1 else None
+        check_before_pull(state, cursor, step, cfg.to_dict(), cfg.total_steps, manifest, order, allow_change)
 
     return check
 
 
-def _stored_state(store: Store, run: str, pointer: dict[str, Any]) -> dict[str, Any] | None:
+def _stored_state(store: Store, pointer: Pointer) -> CheckpointState | None:
     """The pointer's state.json when the store holds it as the pointer says (a few kB); else None, and the
     resume itself reports what is wrong with the checkpoint."""
-    want = (pointer.get("files") or {}).get(STATE_FILE) or {}
+    key = f"{pointer.run}/{pointer.path}/{STATE_FILE}"
     try:
-        text = store.read_text(f"{run}/{pointer['path']}/{STATE_FILE}")
-        if text is None or hashlib.sha256(text.encode("utf-8")).hexdigest() != want.get("sha256"):
-            return None
-        state = json.loads(text)
-    except (BatonError, ValueError):
+        text = store.read_text(key)
+    except BatonError:
         return None
-    return state if isinstance(state, dict) and isinstance(state.get("config"), dict) else None
+    if text is None or hashlib.sha256(text.encode("utf-8")).hexdigest() != pointer.files[STATE_FILE]["sha256"]:
+        return None
+    return parse_state_text(text, key)
 
 
 def _open_ledger(cfg: Config, store: Store, info: dist.DistInfo, device: torch.device, started: float,

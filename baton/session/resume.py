@@ -13,21 +13,22 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from .. import faults
 from ..checkpoint import state as ckstate
-from ..checkpoint.cycle import POINTER, finish_pruning, push_checkpoint
-from ..checkpoint.pull import pull_checkpoint, read_pointer
+from ..checkpoint.cycle import finish_pruning, push_checkpoint
+from ..checkpoint.names import folder_name, parse_step
+from ..checkpoint.pointer import POINTER, Lineage, Pointer, read_pointer
+from ..checkpoint.pull import pull_checkpoint
+from ..checkpoint.record import CheckpointState, Stats
 from ..data.reader import Cursor
 from ..errors import BatonError, ResumeError
 from ..planning.ledger import ledger_key
 from ..runtime import dist
 from .drift import Difference, check_resume
 from .parts import Parts
-from .state import Stats
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,8 @@ class Resumed:
     step: int = 0
     from_step: int | None = None  # the checkpoint's step, None on a fresh start
     stats: Stats = field(default_factory=Stats)
-    parent: dict[str, Any] | None = None  # the lineage of the verified checkpoint resumed from
-    complete: dict[str, Any] | None = None  # the pointer of a run already complete: nothing to train
+    parent: Lineage | None = None  # the lineage of the verified checkpoint resumed from
+    complete: Pointer | None = None  # the pointer of a run already complete: nothing to train
     no_pointer: bool = False  # the store was read and holds no pointer of this run (--resume PATH does not read it)
 
 
@@ -49,53 +50,34 @@ def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
     cfg = s.cfg
     parent = None
     if mode == "never":
-        pointer = read_pointer(s.store, s.run) if s.dist.is_main else None
-        if dist.broadcast(pointer is not None):
-            raise BatonError(
-                f"{s.store.describe()} already holds run {s.run!r} at step {pointer['step'] if pointer else '?'}; "
-                "use --resume auto to continue it, or set a new run.name"
-            )
+        pointer = dist.on_main(lambda: read_pointer(s.store, s.run))
+        if pointer is not None:
+            raise BatonError(f"{s.store.describe()} already holds run {s.run!r} at step {pointer.step}; "
+                             "use --resume auto to continue it, or set a new run.name")
         log.info("--resume never: starting run %r at step 0", s.run)
         _fresh_metrics(s)
         return Resumed(no_pointer=True)
     if mode == "auto":
         # Only rank 0 reads the store; the answer (or the error) is shared so every rank agrees.
-        pointer, err, finished = None, None, None
-        if s.dist.is_main:
-            try:
-                pointer = read_pointer(s.store, s.run)
-                if pointer is None or not pointer.get("complete"):
-                    pointer, finished = _finish_interrupted_push(s, pointer, allow_change)
-                if pointer is not None:
-                    finish_pruning(s.store, s.run, pointer, s.cfg.store.keep_last)
-            except BatonError as e:
-                err = str(e)
-        pointer, err = dist.broadcast((pointer, err))
-        if err:
-            raise ResumeError(err)
+        pointer, finished = dist.on_main(lambda: _find_baton(s, allow_change)) or (None, None)
         if pointer is None:
             log.info("no checkpoint pointer %s/%s in %s: starting run %r at step 0",
                      s.run, POINTER, s.store.describe(), s.run)
             _fresh_metrics(s)
             return Resumed(no_pointer=True)
-        if pointer.get("complete") and pointer["step"] >= s.total_steps:
+        if pointer.complete and pointer.step >= s.total_steps:
             return Resumed(complete=pointer)
-        log.info("auto-resume: %s says step %d at %s/%s", s.store.describe(), pointer["step"], s.run,
-                 pointer["path"])
+        log.info("auto-resume: %s says step %d at %s/%s", s.store.describe(), pointer.step, s.run, pointer.path)
         # One download per node; a folder per node, since nodes may share a file system (NFS home).
-        folder = s.run_dir / "resume" / f"step-{pointer['step']}{dist.node_suffix()}"
-        err = None
-        if s.dist.local_rank == 0:
-            try:
-                _tidy_local(s.run_dir, pointer["step"])
-                if finished != folder:  # else: the copy just pushed and verified, already here
-                    pull_checkpoint(s.store, s.run, pointer, folder)
-            except BatonError as e:
-                err = str(e)
-        errs = [e for e in dist.gather(err) if e]
-        if errs:
-            raise ResumeError(errs[0])
-        parent = ckstate.lineage(pointer["step"], pointer["files"])
+        folder = s.run_dir / "resume" / f"{folder_name(pointer.step)}{dist.node_suffix()}"
+
+        def pull() -> None:
+            _tidy_local(s.run_dir, pointer.step)
+            if finished != folder:  # else: the copy just pushed and verified, already here
+                pull_checkpoint(s.store, s.run, pointer, folder)
+
+        dist.on_main(pull, local=True)
+        parent = pointer.lineage
     else:
         folder = Path(mode)
         if not folder.is_dir():
@@ -103,20 +85,20 @@ def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
     st = ckstate.read_state(folder)
     allowed = _check_drift(s, st, allow_change)
     ckstate.load_checkpoint(folder, s.model, s.optimizer)
-    cursor = Cursor.from_dict(st["cursor"])
+    cursor = Cursor.from_dict(st.cursor)
     if not any(d.key.startswith("data.") for d in allowed):  # else: the data changed on purpose (--allow-change)
         s.data.check_cursor(cursor)
     elif cursor.skipped:
         log.warning("the checkpoint skips stream ranges %s of its data's order; with the data or its order changed "
                     "they now skip other windows", list(cursor.skipped))
     s.data.set_skipped(cursor.skipped)  # the ranges earlier rollbacks skipped stay skipped
-    if cursor.samples_consumed != st["step"] * cfg.train.global_batch:
-        raise ResumeError(f"cursor has {cursor.samples_consumed} samples at step {st['step']}, expected "
-                          f"{st['step'] * cfg.train.global_batch}")
-    step = st["step"]
-    if st.get("scaler"):
-        s.scaler.load_state_dict(st["scaler"])
-    ranks = st["rng"]["ranks"]
+    if cursor.samples_consumed != st.step * cfg.train.global_batch:
+        raise ResumeError(f"cursor has {cursor.samples_consumed} samples at step {st.step}, expected "
+                          f"{st.step * cfg.train.global_batch}")
+    step = st.step
+    if st.scaler:
+        s.scaler.load_state_dict(st.scaler)
+    ranks = st.rng_ranks
     if len(ranks) == s.world:
         ckstate.set_rng_state(ranks[s.dist.rank])
     else:
@@ -130,11 +112,22 @@ def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
         (s.run_dir / "metrics.jsonl").write_bytes((folder / ckstate.METRICS_FILE).read_bytes())
     log.info("resumed at step %d (samples consumed %d%s)", step, cursor.samples_consumed,
              f"; skipping stream ranges {list(cursor.skipped)}" if cursor.skipped else "")
-    return Resumed(step=step, from_step=step, stats=Stats.from_checkpoint(st.get("stats", {})), parent=parent)
+    return Resumed(step=step, from_step=step, stats=st.stats, parent=parent)
 
 
-def _finish_interrupted_push(s: Parts, pointer: dict[str, Any] | None, allow_change: frozenset[str]
-                             ) -> tuple[dict[str, Any] | None, Path | None]:
+def _find_baton(s: Parts, allow_change: frozenset[str]) -> tuple[Pointer | None, Path | None]:
+    """Rank 0: the pointer to resume from (after finishing a push a killed session left on this disk, and the
+    pruning one left undone), and the folder a finished push was moved to (None if nothing was pushed)."""
+    pointer, finished = read_pointer(s.store, s.run), None
+    if pointer is None or not pointer.complete:
+        pointer, finished = _finish_interrupted_push(s, pointer, allow_change)
+    if pointer is not None:
+        finish_pruning(s.store, s.run, pointer, s.cfg.store.keep_last)
+    return pointer, finished
+
+
+def _finish_interrupted_push(s: Parts, pointer: Pointer | None, allow_change: frozenset[str]
+                             ) -> tuple[Pointer | None, Path | None]:
     """Rank 0: a session killed after saving a checkpoint and before the store verified it leaves the
     checkpoint on this machine's disk. If it continues the store's line of work and fits this config, run the
     push it never finished (upload, verify, pointer, read-back) instead of training its steps again.
@@ -142,16 +135,16 @@ def _finish_interrupted_push(s: Parts, pointer: dict[str, Any] | None, allow_cha
     Returns the pointer to resume from, and the folder the pushed checkpoint was moved to (where resuming
     would download it; None if nothing was pushed). Anything doubtful leaves the local folder alone and
     the pointer as it was: the verified checkpoint stays the baton."""
-    local = _newest_local(s.run_dir / "ckpt", above=pointer["step"] if pointer else 0)
+    local = _newest_local(s.run_dir / "ckpt", above=pointer.step if pointer else 0)
     if local is None:
         return pointer, None
-    verified = f"the verified step {pointer['step']}" if pointer else "step 0 (the store has no checkpoint)"
+    verified = f"the verified step {pointer.step}" if pointer else "step 0 (the store has no checkpoint)"
     try:
         st = ckstate.read_state(local)
-        step = int(local.name[len("step-"):])
-        if st["step"] != step or not _continues(s, st, pointer):
+        step = parse_step(local.name)
+        if st.step != step or not _continues(s, st, pointer):
             log.info("%s does not continue the store's %s (another line of work); not pushed", local,
-                     f"step {pointer['step']}" if pointer else "run, which has no checkpoint")
+                     f"step {pointer.step}" if pointer else "run, which has no checkpoint")
             return pointer, None
         _check_drift(s, st, allow_change)
     except Exception as e:  # noqa: BLE001 - a folder that cannot be judged is not pushed; the pointer stays
@@ -160,43 +153,41 @@ def _finish_interrupted_push(s: Parts, pointer: dict[str, Any] | None, allow_cha
     log.info("checkpoint step %d was saved on this disk by a session that ended before the store verified it: "
              "finishing its push", step)
     try:
-        push_checkpoint(s.store, s.run, local, step, st["cursor"], s.cfg.store.verify, s.cfg.store.keep_last,
+        push_checkpoint(s.store, s.run, local, st.step, st.cursor, s.cfg.store.verify, s.cfg.store.keep_last,
                         keep_local=True)
     except BatonError as e:
         log.warning("could not finish the push of %s (%s); resuming from %s and keeping it", local, e, verified)
         return pointer, None
     new = read_pointer(s.store, s.run)
-    if new is None or new["step"] != step:
-        raise ResumeError(f"pushed checkpoint step {step}, but the pointer then read {new and new['step']}")
+    if new is None or new.step != st.step:
+        raise ResumeError(f"pushed checkpoint step {st.step}, but the pointer then read {new and new.step}")
     # The verified copy is the one the resume would download: it moves where the download would put it.
-    folder = s.run_dir / "resume" / f"step-{step}{dist.node_suffix()}"
+    folder = s.run_dir / "resume" / f"{folder_name(st.step)}{dist.node_suffix()}"
     # Older pulls go first: a kill between the move and the resume's tidying must not leave two copies here.
-    _tidy_local(s.run_dir, step, pulls_only=True)
+    _tidy_local(s.run_dir, st.step, pulls_only=True)
     shutil.rmtree(folder, ignore_errors=True)
     folder.parent.mkdir(parents=True, exist_ok=True)
     os.replace(local, folder)
-    faults.point("resume.moved", step)
+    faults.point("resume.moved", st.step)
     return new, folder
 
 
-def _continues(s: Parts, st: dict[str, Any], pointer: dict[str, Any] | None) -> bool:
+def _continues(s: Parts, st: CheckpointState, pointer: Pointer | None) -> bool:
     """Whether a local checkpoint follows the store's line of work: its parent is the pointer's checkpoint
     (step and weights); or, before any pointer, it is a first checkpoint saved by a session the store's
     ledger knows, so the run in the store was not deleted and started afresh since."""
     if pointer is not None:
-        return st.get("parent") == ckstate.lineage(pointer["step"], pointer["files"])
-    session = st.get("session")
-    if st.get("parent") is not None or not isinstance(session, str) or not re.fullmatch(r"[A-Za-z0-9-]+", session):
+        return st.parent == pointer.lineage
+    if st.parent is not None or st.session is None or not re.fullmatch(r"[A-Za-z0-9-]+", st.session):
         return False
-    return s.store.read_text(ledger_key(s.run, session)) is not None
+    return s.store.read_text(ledger_key(s.run, st.session)) is not None
 
 
 def _newest_local(folder: Path, above: int) -> Path | None:
     """The newest complete local checkpoint (``step-N``; a save in progress is ``step-N.partial``) past ``above``."""
-    steps = [int(d.name[len("step-"):]) for d in folder.glob("step-*")
-             if d.is_dir() and d.name[len("step-"):].isdigit()] if folder.is_dir() else []
-    newer = [n for n in steps if n > above]
-    return folder / f"step-{max(newer)}" if newer else None
+    steps = [parse_step(d.name) for d in folder.iterdir() if d.is_dir()] if folder.is_dir() else []
+    newer = [n for n in steps if n is not None and n > above]
+    return folder / folder_name(max(newer)) if newer else None
 
 
 def _fresh_metrics(s: Parts) -> None:
@@ -205,7 +196,7 @@ def _fresh_metrics(s: Parts) -> None:
         (s.run_dir / "metrics.jsonl").unlink(missing_ok=True)
 
 
-def _check_drift(s: Parts, st: dict[str, Any], allow_change: frozenset[str]) -> list[Difference]:
+def _check_drift(s: Parts, st: CheckpointState, allow_change: frozenset[str]) -> list[Difference]:
     """Refuse a checkpoint made for another model, geometry or data (every difference in one message);
     returns the changes allowed on purpose (``--allow-change``) that the checkpoint does show."""
     return check_resume(st, s.cfg.to_dict(), s.total_steps, s.data.fingerprint, s.data.permutation_fingerprint,
@@ -218,8 +209,8 @@ def _tidy_local(run_dir: Path, step: int, pulls_only: bool = False) -> None:
     checkpoint of disk; left alone they pile up session after session until a save finds the disk full."""
     for sub, newest in (("resume", step - 1), ("ckpt", -1 if pulls_only else step)):
         folder = run_dir / sub
-        for d in sorted(folder.glob("step-*")) if folder.is_dir() else []:
-            n = d.name[len("step-"):].split("-")[0].split(".")[0]
-            if d.is_dir() and n.isdigit() and int(n) <= newest:
+        for d in sorted(folder.iterdir()) if folder.is_dir() else []:
+            n = parse_step(d.name, tail=True)
+            if d.is_dir() and n is not None and n <= newest:
                 shutil.rmtree(d, ignore_errors=True)
                 log.info("removed %s, left by an earlier session (the store holds step %d)", d, step)

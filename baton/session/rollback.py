@@ -11,20 +11,13 @@ the same rollback: the outcome does not depend on where it was interrupted.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 from typing import TYPE_CHECKING, Any
-
-import torch
 
 from .. import faults
 from ..data.reader import merge_range
 from ..errors import BatonError
-from ..model.llama import build_model
-from ..model.optimizer import adamw
-from .resume import resume
-from .spikes import Spike, detector
+from .spikes import Spike
 
 if TYPE_CHECKING:
     from .core import Session
@@ -59,7 +52,7 @@ def judge(s: Session, step: int, m: dict[str, Any]) -> Spike | None:
 def roll_back(s: Session, spike: Spike) -> bool:
     """All ranks: return to the newest verified checkpoint and skip the spike's data. False (and a logged
     refusal) when no checkpoint precedes the spike; the run then goes on as under ``log``."""
-    p, st = s.parts, s.state
+    p = s.parts
     cfg = p.cfg
     s.checkpointer.push_outcome(wait=True)  # the checkpoint in flight is the newest before the spike once verified
     base = s.checkpointer.last_step
@@ -67,7 +60,7 @@ def roll_back(s: Session, spike: Spike) -> bool:
         log.warning("cannot roll back from the spike at step %d: this run has no verified checkpoint before it "
                     "(set train.ckpt_every); going on as under spike_policy='log'", spike.step)
         return False
-    done = st.stats.rollbacks
+    done = s.state.stats.rollbacks
     if len(done) >= cfg.train.max_rollbacks:
         raise SpikeStop(f"{spike.describe()}; a rollback would be number {len(done) + 1}, over "
                         f"train.max_rollbacks={cfg.train.max_rollbacks}, so the run stops. {_pointer_note(s)}; "
@@ -82,40 +75,16 @@ def roll_back(s: Session, spike: Spike) -> bool:
     log.warning("rollback %d: back to the verified checkpoint at step %d, skipping stream samples [%d, %d) "
                 "(%d windows)", record["rollback"], base, skip[0], skip[1], skip[1] - skip[0])
     faults.point("rollback", spike.step)
-    _reload(s, base)
-    if st.step != base:  # a session started from a folder (--resume PATH) may not match the store's pointer
+    s.checkpointer.book()  # the verified checkpoint gone back to is booked before the trackers rewind to it
+    s.reload(base)
+    if s.state.step != base:  # a session started from a folder (--resume PATH) may not match the store's pointer
         raise SpikeStop(f"the rollback from the spike at step {spike.step} expected the store's pointer at step "
-                        f"{base}, and it names step {st.step}: resume from the store (--resume auto) to roll back")
+                        f"{base}, and it names step {s.state.step}: resume from the store (--resume auto) to roll back")
     faults.point("rollback.loaded", base)
-    st.stats.rollbacks = [*done, record]  # earlier rollbacks since the checkpoint are not undone by going back
-    p.data.set_skipped(skipped)
-    st.spikes = detector(cfg.train, st.stats.spike_window)
-    if p.dist.is_main:
-        row = {"step": base, "event": "rollback", **record, "skipped_ranges": _ranges(skipped)}
-        with open(s.metrics_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
-    if s._bar is not None:
-        s._bar.n = st.step
-        s._bar.refresh()
+    # Earlier rollbacks since the checkpoint are not undone by going back.
+    s.rolled_back([*done, record], skipped, {"step": base, "event": "rollback", **record,
+                                             "skipped_ranges": _ranges(skipped)})
     return True
-
-
-def _reload(s: Session, base: int) -> None:
-    """The session's model, optimizer, scaler, RNG, stats and cursor from the store's pointer, as a session
-    starting now would load them (``resume.resume`` in mode auto, whatever this session started from), then
-    wrapped for the ranks again."""
-    p, st = s.parts, s.state
-    cfg = p.cfg
-    if s.trackers is not None:  # the resume rewrites metrics.jsonl from the checkpoint's copy
-        s.trackers.rewind(base)
-    model = build_model(cfg.model, p.device, seed=cfg.train.seed)
-    plain = dataclasses.replace(p, model=model, optimizer=adamw(model, cfg, p.device),
-                                scaler=torch.amp.GradScaler(p.device.type, enabled=cfg.train.precision == "fp16"))
-    r = resume(plain, "auto", s.allow_change)
-    st.step, st.stats, st.resumed_from = r.step, r.stats, r.from_step
-    s.parts = s.checkpointer.parts = plain.wrapped()
-    s.checkpointer.parent = r.parent
-    s.checkpointer.last_saved_step = None
 
 
 def _pointer_note(s: Session) -> str:

@@ -5,32 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..checkpoint.record import Stats
 from .spikes import SpikeDetector
 
-
-@dataclass
-class Stats:
-    """Counters that travel in the checkpoint so a resumed run reports whole-run totals."""
-
-    nonfinite_skips: int = 0
-    consecutive_nonfinite: int = 0
-    last_loss: float | None = None
-    checkpoints: list[dict[str, Any]] = field(default_factory=list)
-    spike_window: list[float] = field(default_factory=list)  # the spike detector's recent losses
-    rollbacks: list[dict[str, Any]] = field(default_factory=list)  # one record per spike rollback (session.rollback)
-
-    @classmethod
-    def from_checkpoint(cls, saved: dict[str, Any]) -> Stats:
-        return cls(**{k: v for k, v in saved.items() if k in cls.__dataclass_fields__})
+__all__ = ["Stats", "TrainState"]
 
 
 @dataclass
 class TrainState:
     step: int = 0  # optimizer steps done: the next step trains global batch ``step``
-    stats: Stats = field(default_factory=Stats)
+    stats: Stats = field(default_factory=Stats)  # the counters that travel in every checkpoint
     resumed_from: int | None = None  # the step of the verified checkpoint this session started from
     stopped_by: str | None = None  # why the session stopped before its stop step (signal, time budget)
     peak_train: int = 0  # this rank's memory high-water marks, bytes
     peak_eval: int = 0
-    val: dict[str, float] | None = None  # the final evaluation, at the horizon
+    # The run's newest validation (val_loss, val_ppl, val_windows, val_step): this session's, or the one the
+    # checkpoint it resumed from had (checkpoint.history.newest_validation), so a summary always names one.
+    val: dict[str, Any] | None = None
     spikes: SpikeDetector = field(default_factory=SpikeDetector)  # judges each step's loss (train.spike_*)

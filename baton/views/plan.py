@@ -10,6 +10,7 @@ from typing import Any
 from ..config import Config
 from ..errors import BatonError
 from ..guard import count, finite_float
+from ..planning import ledger as L
 from ..planning.plan import HOUR, PlanInput, iso, parse_count, parse_hours, parse_instant, parse_margin
 
 
@@ -51,7 +52,7 @@ def plan_options(p) -> None:
                    "to check a micro-batch tripwire")
 
 
-def _ledger_view(cfg: Config | None) -> tuple[list[dict[str, Any]], Any]:
+def _ledger_view(cfg: Config | None) -> tuple[list[L.LedgerRecord], Any]:
     """(ledger records, store) of the config's run, or ([], None) without a config."""
     if cfg is None:
         return [], None
@@ -67,7 +68,7 @@ def _ledger_view(cfg: Config | None) -> tuple[list[dict[str, Any]], Any]:
         return [], None
 
 
-def plan_input(args, cfg: Config | None) -> tuple[PlanInput, dict[str, str], list[dict[str, Any]]]:
+def plan_input(args, cfg: Config | None) -> tuple[PlanInput, dict[str, str], list[L.LedgerRecord]]:
     """The planner's input from flags, the config, the ledger and the store; and where each value came from."""
     from ..planning import ledger as L
 
@@ -145,7 +146,7 @@ def plan_input(args, cfg: Config | None) -> tuple[PlanInput, dict[str, str], lis
             except BatonError as e:
                 raise BatonError(f"{e} (pass --start-step to plan anyway)") from None
             if pointer:
-                start_step, src["start_step"] = min(pointer["step"], total), "the store's pointer"
+                start_step, src["start_step"] = min(pointer.step, total), "the store's pointer"
     inp = PlanInput(
         total_steps=total, tokens_per_step=tps, rate=rate, session_hours=hours, margin_hours=margin,
         startup_seconds=_startup(args, b, records, src),
@@ -155,13 +156,13 @@ def plan_input(args, cfg: Config | None) -> tuple[PlanInput, dict[str, str], lis
         quota_reset=reset, used_hours=used, cap_left_hours=cap_left,
         # Billed like the ledger: budget.bill_factor, else one per rank (the last session's, or --ranks).
         bill_factor=args.bill_factor or (b.bill_factor if b and b.bill_factor else 0.0)
-        or (records[-1].get("bill_factor") if records else 0.0) or float(args.ranks or 1),
+        or (records[-1].bill_factor if records else 0.0) or float(args.ranks or 1),
         gap_hours=parse_hours(args.gap, "--gap"), start=start,
         deadline=parse_instant(args.deadline, "--deadline") if args.deadline else None)
     return inp, src, records
 
 
-def _startup(args, b, records: list[dict[str, Any]], src: dict[str, str]) -> float:
+def _startup(args, b, records: list[L.LedgerRecord], src: dict[str, str]) -> float:
     """Seconds per session before the first step: given, configured, else measured by earlier sessions."""
     from ..planning import ledger as L
 

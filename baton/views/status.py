@@ -15,36 +15,28 @@ from ..store import RetryPolicy, open_store
 
 
 def status(cfg: Config) -> dict[str, Any]:
-    from ..checkpoint.pull import read_pointer
+    from ..checkpoint.history import read_history
 
     store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
     run = cfg.run.name
     out: dict[str, Any] = {"run": run, "store": store.describe(), "total_steps": cfg.total_steps,
                            "tokens_per_step": cfg.tokens_per_step}
-    try:
-        pointer = read_pointer(store, run)
-        out["pointer_problem"] = None
-    except BatonError as e:
-        pointer, out["pointer_problem"] = None, str(e)
-    step = pointer["step"] if pointer else 0
-    if pointer and pointer.get("complete"):
+    history = read_history(store, run, strict=False)
+    pointer, records, problems = history.pointer, history.sessions, history.ledger_problems
+    out["pointer_problem"] = history.pointer_problem
+    step = pointer.step if pointer else 0
+    if pointer and pointer.complete:
         # A complete run's horizon is where it completed, whatever horizon the config given here names.
         out["total_steps"] = step
-    out.update({"pointer_step": pointer["step"] if pointer else None,
-                "pointer_path": pointer["path"] if pointer else None,
-                "complete": bool(pointer and pointer.get("complete")), "tokens_done": step * cfg.tokens_per_step,
+    out.update({"pointer_step": pointer.step if pointer else None,
+                "pointer_path": pointer.path if pointer else None,
+                "complete": bool(pointer and pointer.complete), "tokens_done": step * cfg.tokens_per_step,
                 "steps_left": max(0, out["total_steps"] - step)})
     # Stream ranges the run skips after loss-spike rollbacks: part of its data position (baton.session.rollback).
-    out["skipped"] = list((pointer.get("cursor") or {}).get("skipped") or []) if pointer else []
-    from ..checkpoint.select import present_steps, verified_steps
-
-    records, problems = L.read_ledger(store, run)
-    # A checkpoint in the store is verified when the pointer names it or a session recorded its verification;
-    # anything else under ckpt/ is an upload that never passed (kept for inspection, never resumed from).
-    verified = verified_steps(store, run, pointer)
-    present = present_steps(store, run)
-    out["checkpoints"] = [{"step": s, "verified": s in verified, "pointer": bool(pointer and s == pointer["step"])}
-                          for s in present]
+    out["skipped"] = list(pointer.cursor.get("skipped") or []) if pointer else []
+    # Verified: the one rule of checkpoint.history, which export/eval/publish --step apply too.
+    out["checkpoints"] = [{"step": c.step, "verified": c.verified, "pointer": c.pointer}
+                          for c in history.checkpoints]
     rate, rate_src = L.measured_rate(records)
     out["rate_tokens_per_s"], out["rate_source"] = rate, rate_src
     out["stepping_hours_left"] = (out["steps_left"] * cfg.tokens_per_step / rate / HOUR) if rate else None
@@ -61,7 +53,7 @@ def status(cfg: Config) -> dict[str, Any]:
             ckpt_seconds=b.ckpt_seconds or L.checkpoint_seconds(records) or 0.0, ckpt_every=cfg.train.ckpt_every,
             start_step=step, quota_hours=b.quota_hours, quota_period_hours=b.quota_period_days * 24,
             quota_reset=quota.reset if quota else None, used_hours=t.period_hours or 0.0,
-            cap_left_hours=t.cap_left, bill_factor=b.bill_factor or records[-1].get("bill_factor", 1.0), start=now))
+            cap_left_hours=t.cap_left, bill_factor=b.bill_factor or records[-1].bill_factor, start=now))
         if p is not None:
             out["eta"] = iso(p.eta)
             out["sessions_left"] = len(p.sessions)
@@ -74,7 +66,7 @@ def status(cfg: Config) -> dict[str, Any]:
     return out
 
 
-def data_status(cfg: Config, records: list[dict[str, Any]]) -> dict[str, Any]:
+def data_status(cfg: Config, records: list[L.LedgerRecord]) -> dict[str, Any]:
     """The dataset the next session trains on (data.url's manifest, else data.dir's) and the last pull."""
     from ..data.manifest import MANIFEST, load_manifest, parse_manifest
 
@@ -96,8 +88,8 @@ def data_status(cfg: Config, records: list[dict[str, Any]]) -> dict[str, Any]:
         m, out["problem"] = None, str(e)
     if m is not None:
         out.update(fingerprint=m["fingerprint"], shards=m["n_shards"], total_tokens=m["total_tokens"])
-    pulled = [r for r in records if r.get("data")]
-    out["last_pull"] = ({"session": pulled[-1]["session"], **pulled[-1]["data"]} if pulled else None)
+    pulled = [r for r in records if r.data]
+    out["last_pull"] = ({"session": pulled[-1].session, **(pulled[-1].data or {})} if pulled else None)
     return out
 
 

@@ -1,6 +1,7 @@
 """The quota ledger in the store: a killed session still bills to its last heartbeat; totals and caps."""
 
 import json
+from dataclasses import replace
 import signal
 import subprocess
 import sys
@@ -68,13 +69,14 @@ def test_killed_session_bills_to_its_last_heartbeat(make_config, baton_cli, tmp_
     assert st["stepping_hours_left"] == pytest.approx((100000 - st["pointer_step"]) * 256 / rec["tokens_per_s"] / HOUR)
 
 
-def _rec(start: datetime, hours: float, ended: bool = True, bill: float = 1.0, **kw) -> dict:
+def _rec(start: datetime, hours: float, ended: bool = True, bill: float = 1.0, **kw) -> L.LedgerRecord:
     s = start.timestamp()
     e = s + hours * HOUR
-    return {"format": L.FORMAT, "session": kw.get("session", f"s{s}"), "started_ts": s, "started": str(start),
-            "heartbeat_ts": e, "heartbeat": "", "ended_ts": e if ended else None, "ended": "x" if ended else None,
-            "outcome": "completed" if ended else L.OPEN, "bill_factor": bill, "checkpoints": kw.get("checkpoints", []),
-            "tokens_per_s": kw.get("rate")}
+    return L.LedgerRecord.from_json(
+        {"format": L.FORMAT, "session": kw.get("session", f"s{s}"), "run": "r", "started_ts": s, "started": str(start),
+         "heartbeat_ts": e, "heartbeat": "", "ended_ts": e if ended else None, "ended": "x" if ended else None,
+         "outcome": "completed" if ended else L.OPEN, "bill_factor": bill, "checkpoints": kw.get("checkpoints", []),
+         "tokens_per_s": kw.get("rate")})
 
 
 def test_totals_split_a_session_across_the_quota_reset():
@@ -94,8 +96,8 @@ def test_totals_split_a_session_across_the_quota_reset():
 
 def test_the_table_marks_an_overdrawn_quota_and_a_record_without_steps():
     reset = datetime(2026, 9, 26, tzinfo=timezone.utc)
-    recs = [_rec(reset, 2.0) | {"steps_from": None, "steps_to": None, "outcome": "preflight data pass"},
-            _rec(reset + timedelta(hours=3), 1.0) | {"steps_from": 0, "steps_to": 20}]
+    recs = [replace(_rec(reset, 2.0), steps_from=None, steps_to=None, outcome="preflight data pass"),
+            replace(_rec(reset + timedelta(hours=3), 1.0), steps_from=0, steps_to=20)]
     text = L.format_ledger(recs, L.totals(recs, Quota(2.5, timedelta(days=7), reset), cap_hours=2.0,
                                           now=reset + timedelta(hours=5)))
     rows = text.splitlines()
@@ -114,12 +116,12 @@ def test_records_are_separate_objects_and_a_damaged_one_is_reported(tmp_path):
     b.end("stopped: SIGTERM", 60, stepping_seconds=5.0)
     store.write_text("r/ledger/garbage.json", "{not json")
     records, problems = L.read_ledger(store, "r")
-    assert [r["session"] for r in records] == [a.id, b.id] and a.id != b.id
-    assert records[0]["checkpoints"][0] == {**records[0]["checkpoints"][0], "step": 40, "verified": True}
-    assert records[0]["tokens_per_s"] == pytest.approx(40 * 256 / 10.0)
-    assert records[1]["outcome"] == "stopped: SIGTERM" and records[1]["steps_to"] == 60
-    assert records[1]["tokens_per_s"] == pytest.approx(20 * 256 / 5.0)
+    assert [r.session for r in records] == [a.id, b.id] and a.id != b.id
+    assert (records[0].checkpoints[0].step, records[0].checkpoints[0].verified) == (40, True)
+    assert records[0].tokens_per_s == pytest.approx(40 * 256 / 10.0)
+    assert records[1].outcome == "stopped: SIGTERM" and records[1].steps_to == 60
+    assert records[1].tokens_per_s == pytest.approx(20 * 256 / 5.0)
     assert len(problems) == 1 and "garbage.json" in problems[0]
-    assert L.measured_rate(records)[0] == records[1]["tokens_per_s"]  # the most recent measurement
+    assert L.measured_rate(records)[0] == records[1].tokens_per_s  # the most recent measurement
     assert L.checkpoint_seconds(records) == 1.5
-    assert L.billed_hours(records[1]) == pytest.approx((records[1]["ended_ts"] - (t0 - 50)) / HOUR * 2.0)
+    assert L.billed_hours(records[1]) == pytest.approx((records[1].ended_ts - (t0 - 50)) / HOUR * 2.0)

@@ -11,7 +11,7 @@ import baton
 from baton.cli import main
 from baton.config import load_config
 from baton.data.reader import WindowDataset
-from baton.planning.ledger import billed_hours
+from baton.planning.ledger import LedgerRecord, billed_hours
 from baton.session.spikes import SpikeDetector
 
 
@@ -51,8 +51,8 @@ def test_report_of_a_three_session_run_marks_sessions_and_spikes(make_config, pr
     assert len(records) == 3
     for i, rec in enumerate(records, 1):
         assert (f"| {i} | {rec['session']} | {rec['started']} | {rec['steps_from']} → {rec['steps_to']} | "
-                f"{rec['tokens_per_s']:,.0f} | — | {billed_hours(rec):.4f} | {rec['outcome']} |") in md
-    assert f"- billed: {sum(billed_hours(r) for r in records):.4f} h over 3 session(s)" in md
+                f"{rec['tokens_per_s']:,.0f} | — | {billed_hours(LedgerRecord.from_json(rec)):.4f} | {rec['outcome']} |") in md
+    assert f"- billed: {sum(billed_hours(LedgerRecord.from_json(r)) for r in records):.4f} h over 3 session(s)" in md
 
     # The spike: judged as a detector that saw every step would judge it, with the exact windows of its batch.
     spiked = [r for r in rows if "spike_score" in r]
