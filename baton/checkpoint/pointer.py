@@ -116,16 +116,23 @@ class Pointer:
         # The cycle writes the checkpoint of step N to ckpt_path(N): a pointer that pairs them otherwise was edited.
         if p["path"] != ckpt_path(p["step"]):
             raise ResumeError(f"pointer {key} says step {p['step']} but names {p['path']!r}")
-        if not isinstance(p["cursor"], dict):
+        c = p["cursor"]
+        if not isinstance(c, dict):
             raise ResumeError(f"pointer {key} has a cursor that is not a table")
+        if c.get("step") != p["step"] or type(c.get("samples_consumed")) is not int \
+                or not all(isinstance(c.get(k), str) for k in ("dataset_fingerprint", "permutation_fingerprint")):
+            raise ResumeError(f"pointer {key} has a cursor that is not the data position of step {p['step']} (its "
+                              "step, samples_consumed and fingerprints)")
         files = _files(p["files"], key)
         for name in REQUIRED:
             if name not in files:
                 raise ResumeError(f"pointer {key} names a checkpoint without {name}")
-        verified = p.get("verified", [])
-        if not isinstance(verified, list) or not all(isinstance(h, str) and parse_step(h) is not None
-                                                     for h in verified):
-            raise ResumeError(f"pointer {key} has a verified list {verified!r} that is not checkpoint paths")
+        # The verified checkpoints kept, its own last (a pointer older than the list has none).
+        verified = p.get("verified", [p["path"]])
+        if not isinstance(verified, list) or not verified or verified[-1] != p["path"] \
+                or not all(isinstance(h, str) and parse_step(h) is not None for h in verified):
+            raise ResumeError(f"pointer {key} has a verified list {verified!r} that is not checkpoint paths ending "
+                              "with its own")
         final = p.get("final")
         if final is not None and not (isinstance(final, dict) and isinstance(final.get("path"), str)
                                       and isinstance(final.get("files"), dict)):

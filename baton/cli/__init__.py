@@ -65,10 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", choices=("sample", "full"), default=None,
                    help="read-back after each push: sample (start, end and a random window of every file) or "
                         "full (every byte); shorthand for --set store.verify=...")
+    from ..session.drift import ALLOWABLE  # the keys the drift check allows: its help is theirs
+
     p.add_argument("--allow-change", action="append", default=[], metavar="KEY",
-                   help="resume although KEY differs from the checkpoint, on purpose (repeatable; one of "
-                        "data.fingerprint, data.tokenizer, data.shuffle_seed, data.val_windows, data.permutation, "
-                        "model.rope_theta)")
+                   help="resume although KEY differs from the checkpoint, on purpose (repeatable; one of: "
+                        + "; ".join(f"{k}: {what}" for k, what in ALLOWABLE.items()) + ")")
     p.add_argument("--micro-batch", default=None, metavar="N|auto",
                    help="samples per forward/backward (same as --set train.micro_batch=...); auto: on a GPU, the "
                         "largest that fits, probed at start, with the global batch kept by accumulation")

@@ -158,3 +158,13 @@ def test_docs_reference_is_the_generated_table(baton_cli):
     end = next((i for i in range(start, len(page)) if not page[i].startswith("|")), len(page))
     generated = baton_cli("config", "--reference", check=True).stdout.splitlines()
     assert page[start:end] == generated
+
+
+def test_allow_change_help_names_every_key_the_drift_check_allows(capsys):
+    from baton.cli import main
+    from baton.session.drift import ALLOWABLE
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(f"{key}: {' '.join(what.split())}" in text for key, what in ALLOWABLE.items())

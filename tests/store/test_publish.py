@@ -109,9 +109,9 @@ def test_eval_of_any_verified_step_scores_as_the_run_did(published, tmp_path):
     summary = json.loads((base / "runs" / "test" / "run_summary.json").read_text())
     c = load_config(cfg)
     final, _ = run_eval(c, step=20, files=[], tasks=[])
-    assert abs(final["heldout"]["loss"] - summary["val_loss"]) < 1e-4
+    assert abs(final.heldout["loss"] - summary["val_loss"]) < 1e-4
     early, key = run_eval(c, step=10, files=[], tasks=[])
-    assert key == "test/eval/10.json" and json.loads((base / "store" / key).read_text()) == early
+    assert key == "test/eval/10.json" and json.loads((base / "store" / key).read_text()) == early.to_json()
 
     out = export_run(c, "store", tmp_path / "step10", step=10)
     assert json.loads((out / "baton.json").read_text())["step"] == 10
@@ -119,8 +119,8 @@ def test_eval_of_any_verified_step_scores_as_the_run_did(published, tmp_path):
     ds = WindowDataset(c.data.dir, c.data.seq_len, c.data.shuffle_seed, c.data.val_windows)
     with torch.no_grad():
         losses = [float(model(input_ids=r[None], labels=r[None]).loss) for r in ds.rows(ds.val_window_ids())]
-    assert abs(sum(losses) / len(losses) - early["heldout"]["loss"]) < 1e-4
-    assert early["heldout"]["loss"] > final["heldout"]["loss"]
+    assert abs(sum(losses) / len(losses) - early.heldout["loss"]) < 1e-4
+    assert early.heldout["loss"] > final.heldout["loss"]
 
     # Any store is a target: a local folder, the revision a folder step-10/ in it, the card from the same record.
     from baton.release.publish import publish
@@ -129,7 +129,7 @@ def test_eval_of_any_verified_step_scores_as_the_run_did(published, tmp_path):
     folder = tmp_path / "pub" / "step-10"
     assert out["card"] == "step-10/README.md" and MODEL_FILES | {"README.md"} == {p.name for p in folder.iterdir()}
     card = ModelCard.load(folder / "README.md")
-    assert results(card)[("baton-heldout", "loss")] == round(early["heldout"]["loss"], 6)
+    assert results(card)[("baton-heldout", "loss")] == round(early.heldout["loss"], 6)
     assert AutoModelForCausalLM.from_pretrained(folder).config.num_hidden_layers == c.model.n_layers
 
 
@@ -320,9 +320,9 @@ def test_lm_eval_on_a_local_task_improves_with_training(published, tmp_path, mon
     # An unknown name makes the harness index all its own tasks first (seconds): asked once, last.
     with pytest.raises(BatonError, match="lm-eval task.*no_such_task not found"):
         run_eval(c, 10, [], ["local_text", "no_such_task"])
-    assert early["tasks"]["local_text"]["bits_per_byte"] > late["tasks"]["local_text"]["bits_per_byte"] > 0
-    assert early["files"]["local.jsonl"]["bits_per_byte"] > late["files"]["local.jsonl"]["bits_per_byte"]
-    assert json.loads((base / "store" / "test" / "eval" / "20.json").read_text())["tasks"] == late["tasks"]
+    assert early.tasks["local_text"]["bits_per_byte"] > late.tasks["local_text"]["bits_per_byte"] > 0
+    assert early.files["local.jsonl"]["bits_per_byte"] > late.files["local.jsonl"]["bits_per_byte"]
+    assert json.loads((base / "store" / "test" / "eval" / "20.json").read_text())["tasks"] == late.tasks
 
 
 def test_a_token_that_may_not_write_is_refused_before_any_upload(make_config, hub_server, monkeypatch):

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from baton.checkpoint.cycle import POINTER, push_checkpoint, write_pointer
+from baton.checkpoint.names import REQUIRED
+from baton.checkpoint.pointer import make_pointer
 from baton.errors import StoreError
 from baton.store import delete_prefix, put_files
 from support.store_backends import AWS_TEST_KEY, AWS_TEST_SECRET
@@ -79,9 +81,10 @@ def test_text_objects_and_pointer_read_back(backend):
     assert store.read_text("run/notes.txt") == "one ✓"
     store.write_text("run/notes.txt", "two")
     assert store.read_text("run/notes.txt") == "two"
-    pointer = {"run": "run", "step": 3, "path": "ckpt/step-3", "files": {}, "cursor": {}}
-    write_pointer(store, "run", pointer)
-    assert json.loads(store.read_text(f"run/{POINTER}")) == pointer
+    files = {n: {"size": 1, "sha256": "0" * 64} for n in REQUIRED}
+    pointer = make_pointer("run", 3, files, {"step": 3, "samples_consumed": 24}, ("ckpt/step-3",))
+    write_pointer(store, pointer)
+    assert json.loads(store.read_text(f"run/{POINTER}")) == pointer.to_json()
 
 
 def test_a_text_object_that_is_not_utf8_is_named_not_decoded(backend, tmp_path):
