@@ -87,27 +87,27 @@ def finish(s: Session) -> None:
     log.info("validation: loss %.4f ppl %.2f over %d windows", val.get("val_loss", float("nan")),
              val.get("val_ppl", float("nan")), val.get("val_windows", 0))
     plain = s.checkpointer.plain_state()
-    err = None
-    if p.dist.is_main:
+
+    def publish_all() -> None:
         assert plain is not None  # rank 0 holds the full state
         try:
             _publish_final(s, plain[0])
         except (BatonError, OSError) as e:
-            err = (f"the final model could not be published to {p.store.describe()}: {type(e).__name__}: {e}; the "
-                   f"pointer still names the verified checkpoint at step {st.step}: fix the store's problem, then "
-                   "rerun `baton train`, which publishes it again")
-        if err is None and p.cfg.publish.url:
+            raise StoreError(f"the final model could not be published to {p.store.describe()}: {type(e).__name__}: "
+                             f"{e}; the pointer still names the verified checkpoint at step {st.step}: fix the "
+                             "store's problem, then rerun `baton train`, which publishes it again") from None
+        if p.cfg.publish.url:
             from ..release.publish import publish_trained
 
             try:
                 publish_trained(p.cfg, plain[0], st.step, p.run_dir / "final", s.metrics_path)
             except Exception as e:  # noqa: BLE001 - the run is complete and verified: one line, whatever failed
                 said = " ".join(f"{type(e).__name__}: {e}".split())
-                err = (f"the run is complete, but publishing it to {p.cfg.publish.url} failed ({said}); run "
-                       "`baton publish -c CONFIG` to finish publishing")
-    err = dist.broadcast(err)
-    if err:
-        raise StoreError(err)
+                raise StoreError(f"the run is complete, but publishing it to {p.cfg.publish.url} failed ({said}); "
+                                 "run `baton publish -c CONFIG` to finish publishing") from None
+
+    dist.on_main(publish_all)
+
 
 def _publish_final(s: Session, model: torch.nn.Module) -> None:
     p, st = s.parts, s.state

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,18 +45,42 @@ def state_key(run: str) -> str:
     return f"{run}/{STATE}"
 
 
-def read_state(store: Store, run: str) -> dict[str, Any]:
-    text = store.read_text(state_key(run))
-    if text is None:
-        return {}
-    try:
-        doc = json.loads(text)
+@dataclass
+class TrackerState:
+    """``<run>/trackers.json``: each append-only tracker's run (its ids, and ``logged_to``: the newest step it is
+    known to hold) and the horizon whose final evaluation was sent. One definition for its writer and reader."""
+
+    runs: dict[str, dict[str, Any]] = field(default_factory=dict)  # backend name -> its ids and ``logged_to``
+    complete_step: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"format": FORMAT, **self.runs}
+        if self.complete_step is not None:
+            out["complete_step"] = self.complete_step
+        return out
+
+    @classmethod
+    def from_json(cls, doc: Any) -> TrackerState:
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise ValueError("not a baton trackers record")
+        runs = {k: v for k, v in doc.items() if k not in ("format", "complete_step")}
+        if not all(isinstance(v, dict) and type(v.get("logged_to", 0)) is int for v in runs.values()):
+            raise ValueError("a tracker's entry is not a table with a step count logged_to")
+        step = doc.get("complete_step")
+        if step is not None and type(step) is not int:
+            raise ValueError("complete_step is not a step")
+        return cls(runs, step)
+
+
+def read_state(store: Store, run: str) -> TrackerState:
+    text = store.read_text(state_key(run))
+    if text is None:
+        return TrackerState()
+    try:
+        return TrackerState.from_json(json.loads(text))
     except ValueError as e:
         raise StoreError(f"{state_key(run)} in {store.describe()} is damaged ({e}); delete it to start new "
                          "tracker runs, or restore it to continue the old ones") from None
-    return doc
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -73,25 +98,25 @@ class Trackers:
         self.store, self.run, self.history = store, run, history
         self.sent: dict[str, int] = {}  # backend -> newest step it holds
         self.pending: list[tuple[int, dict[str, Any]]] = []  # rows waiting for a verified checkpoint
-        self.state: dict[str, Any] = {"format": FORMAT}
+        self.state = TrackerState()
 
     def start(self, resume_step: int) -> None:
-        saved = read_state(self.store, self.run) if any(not b.live for b in self.backends) else {}
-        if resume_step == 0 and any(isinstance(v, dict) and v.get("logged_to") for v in saved.values()):
+        saved = read_state(self.store, self.run) if any(not b.live for b in self.backends) else TrackerState()
+        if resume_step == 0 and any(v.get("logged_to") for v in saved.runs.values()):
             # The store lost the run's checkpoints and it starts afresh: new tracker runs, not a rewind.
             log.info("%s names tracker runs of an earlier start of %r: starting new ones", state_key(self.run),
                      self.run)
-            saved = {}
-        self.state.update({k: v for k, v in saved.items() if k != "format"})
+            saved = TrackerState()
+        self.state = TrackerState(dict(saved.runs), saved.complete_step)
         rows = None
         for b in self.backends:
-            keep, held = self._start(b, resume_step, saved.get(b.name, {}) if not b.live else {})
+            keep, held = self._start(b, resume_step, saved.runs.get(b.name, {}) if not b.live else {})
             self.sent[b.name] = held
             if held < resume_step:  # the verified history this backend lacks (a wiped machine, a lost flush)
                 rows = read_rows(self.history) if rows is None else rows
                 self._send(b, [(r["step"], r) for r in rows if held < r["step"] <= resume_step])
             if not b.live:
-                self.state[b.name] = {**keep, "logged_to": self.sent[b.name]}
+                self.state.runs[b.name] = {**keep, "logged_to": self.sent[b.name]}
         self._save()
 
     def log(self, step: int, row: dict[str, Any]) -> None:
@@ -111,7 +136,7 @@ class Trackers:
             if not b.live:
                 self._send(b, ready)
                 if getattr(b, "durable", False) and b.name in self.sent:
-                    self.state[b.name]["logged_to"] = self.sent[b.name]
+                    self.state.runs[b.name]["logged_to"] = self.sent[b.name]
         self._save()
 
     def rewind(self, step: int) -> None:
@@ -130,18 +155,18 @@ class Trackers:
     def final(self, step: int, values: dict[str, Any]) -> None:
         """The evaluation at the horizon, after the run was marked complete (metrics.jsonl keeps one row per
         step; the final validation is in the pointer and run_summary.json)."""
-        if self.state.get("complete_step") == step:
+        if self.state.complete_step == step:
             return  # an earlier session sent it and died before it could finish
         for b in self.backends:
             if b.name != "jsonl" and b in self._active():
                 self._guard(b, b.log, step, values)
-        self.state["complete_step"] = step
+        self.state.complete_step = step
         self._save()
 
     def close(self, complete: bool) -> None:
         for b in self._active():
             if self._guard(b, b.close, complete) and not b.live:
-                self.state[b.name]["logged_to"] = self.sent[b.name]  # a clean close: everything sent is kept
+                self.state.runs[b.name]["logged_to"] = self.sent[b.name]  # a clean close: everything sent is kept
         self._save()
 
     # -------------------------------------------------------------------------------------------------
@@ -188,10 +213,10 @@ class Trackers:
             return False
 
     def _save(self) -> None:
-        if not any(k != "format" for k in self.state):
+        if not self.state.runs and self.state.complete_step is None:
             return
         try:
-            self.store.write_text(state_key(self.run), json.dumps(self.state, indent=1, sort_keys=True))
+            self.store.write_text(state_key(self.run), json.dumps(self.state.to_json(), indent=1, sort_keys=True))
         except (BatonError, OSError) as e:
             log.warning("could not write %s (%s); the next session may resend rows the trackers hold",
                         state_key(self.run), e)

@@ -115,3 +115,16 @@ def test_a_checkpoint_folder_name_has_one_parser():
 def test_stats_from_an_earlier_version_drop_counters_no_longer_kept():
     s = Stats.from_json({"nonfinite_skips": 2, "checkpoints": [{"step": 1}], "rollbacks": []})
     assert s.nonfinite_skips == 2 and "checkpoints" not in s.to_json()
+
+
+def test_the_trackers_record_of_an_earlier_version_loads_and_round_trips():
+    from baton.tracking.trackers import TrackerState
+
+    raw = _load("trackers-v1.json")
+    state = TrackerState.from_json(raw)
+    assert state.complete_step == 8 and state.runs == {} and state.to_json() == raw
+    with_run = {**raw, "mlflow": {"run_id": "abc", "logged_to": 6}}
+    assert TrackerState.from_json(with_run).to_json() == with_run
+    for bad in ({**raw, "mlflow": {"logged_to": "6"}}, {**raw, "complete_step": "8"}, {"format": "x"}):
+        with pytest.raises(ValueError):
+            TrackerState.from_json(bad)
