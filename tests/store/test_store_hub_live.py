@@ -45,7 +45,7 @@ def test_live_hub_cycle(tmp_path, monkeypatch):
             res = push_checkpoint(store, run, folder, step, {"samples_consumed": step}, keep_last=1)
             assert res.verified and not folder.exists()
         pointer = read_pointer(store, run)
-        assert pointer["step"] == 2
+        assert pointer is not None and pointer.step == 2
         assert {k.split("/")[2] for k in store.list(f"{run}/ckpt/", checksums=False)} == {"step-2"}
         pulled = pull_checkpoint(store, run, pointer, tmp_path / "pulled")
         assert sorted(p.name for p in pulled.iterdir()) == ["model.safetensors", "optimizer.safetensors", "state.json"]

@@ -97,7 +97,7 @@ def test_unreadable_pointer_stops(backend):
 
 def test_pointer_json_round_trip(backend, tmp_path):
     pointer, _ = pushed_run(backend, tmp_path)
-    assert pointer["step"] == 3 and pointer["path"] == "ckpt/step-3"
-    assert pointer["cursor"] == {"samples_consumed": 24}
-    assert set(pointer["files"]) == set(FILES)
+    assert pointer.step == 3 and pointer.path == "ckpt/step-3"
+    assert pointer.cursor == {"samples_consumed": 24}
+    assert set(pointer.files) == set(FILES)
     assert json.loads(backend.store.read_text(f"run/{POINTER}"))["baton_version"]
