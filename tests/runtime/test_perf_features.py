@@ -181,3 +181,19 @@ def test_micro_batch_flag_is_validated(make_config, baton_cli):
     assert p.returncode == 2
     assert p.stderr.strip().splitlines()[-1] == \
         'baton: error: invalid config: train.micro_batch=\'most\' is neither a number nor "auto"'
+
+
+@pytest.mark.parametrize("setting, tf32", [("tf32", True), ("ieee", False)])
+def test_session_flops_reads_the_new_tf32_switch(monkeypatch, setting, tf32):
+    # Once fp32_precision is set (transformers does on torch >= 2.9), reading allow_tf32 raises.
+    from baton.runtime.flops import session_flops
+
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    try:
+        matmul.fp32_precision = setting
+        info = session_flops(ModelConfig(), 1024, torch.device("cuda", 0), "fp32", 1)
+    finally:
+        matmul.fp32_precision = before  # process-wide: the tests after this one see it as it was
+    assert info.peak_per_device == (494.7 * 1e12 if tf32 else 66.9 * 1e12) and info.device_name == "NVIDIA H100 80GB HBM3"
