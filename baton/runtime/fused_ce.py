@@ -8,9 +8,9 @@ The kernels are Triton, so the fused path runs on CUDA only, and only with the o
 
 Never under fp16: the fused kernel computes the logits' gradient already in the forward pass, in the
 16-bit buffer of the logits, as ``(softmax - onehot) / tokens``, and multiplies by the GradScaler's scale
-only in the backward pass. The scale then protects nothing: at 4 x 1024 tokens every entry of a
-probability below about 2.4e-4 (nearly the whole vocabulary of 49,152 at the start of training) is
-below fp16's smallest step and rounds to zero. bf16 has fp32's range, so there it is safe.
+only in the backward pass. The scale then protects nothing: at 4 x 1024 tokens an entry of a probability
+below about 1.2e-4 rounds to zero and one below 2.4e-4 keeps at most fp16's smallest step, 2**-24 (at the
+start of training that is nearly the whole vocabulary of 49,152). bf16 has fp32's range, so there it is safe.
 """
 
 from __future__ import annotations
