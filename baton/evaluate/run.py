@@ -21,7 +21,7 @@ from ..errors import BatonError
 from ..hashing import sha256_file
 from ..runtime.device import pick_device
 from ..store import Store
-from .heldout import Scorer, file_rows, token_bytes
+from .heldout import Scorer, eval_micro_batch, file_rows, token_bytes
 
 FORMAT = "baton-eval-v1"
 
@@ -102,7 +102,8 @@ def evaluate_model(cfg: Config, plan: Plan, model: torch.nn.Module, state: dict[
         return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
 
     tok = data_tokenizer(cfg.data.dir)
-    micro = saved.train.micro_batch if isinstance(saved.train.micro_batch, int) else 1
+    micro = eval_micro_batch(saved.train.micro_batch if isinstance(saved.train.micro_batch, int) else 1,
+                             saved.data.seq_len, saved.model.vocab_size, dtype)
     scorer = Scorer(model, device, micro, autocast, token_bytes(tok))
     data = WindowDataset(cfg.data.dir, saved.data.seq_len, saved.data.shuffle_seed, saved.data.val_windows)
     ids = data.val_window_ids()
