@@ -20,7 +20,6 @@ from tokenizers import Tokenizer
 
 from ..errors import BatonError
 
-
 # The logits of one evaluation forward, with their fp32 copy and log-softmax, stay under this many bytes,
 # whatever micro-batch training uses: that micro-batch may have been sized by the probe for the fused loss,
 # which never holds logits (baton.runtime.fused_ce), and at the reference shape its logits would be tens of GB.

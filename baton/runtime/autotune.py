@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from ..config import Config
 from ..errors import ConfigError
-from . import fused_ce
+from . import fused_ce, memory
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,8 @@ def probe_micro_batch(cfg: Config, device: torch.device, per_rank: int) -> tuple
     # AdamW's moments (2 x fp32); with several ranks, DDP's gradient buckets are about one more copy.
     extra = 3 if torch.distributed.is_initialized() else 2
     reserve = torch.empty(extra * n, dtype=torch.float32, device=device)
-    loss_fn = micro_loss_fn(AUTOCAST.get(cfg.train.precision), compiled=False, fused=bool(cfg.train.fused_ce))
+    precision = resolve_precision(device) if cfg.train.precision == "auto" else cfg.train.precision  # as it trains
+    loss_fn = micro_loss_fn(AUTOCAST.get(precision), compiled=False, fused=bool(cfg.train.fused_ce))
     try:
         chosen, tried = choose_micro_batch(
             micro_batch_candidates(per_rank),
@@ -177,7 +178,11 @@ def _try_micro_batch(model, loss_fn, mb: int, seq_len: int, device, total: int) 
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_reserved(device)
         return peak <= GPU_MEMORY_SHARE * total, peak
-    except torch.OutOfMemoryError:
+    except (torch.OutOfMemoryError, RuntimeError) as e:
+        # cuBLAS's workspace, cuDNN or a Triton kernel's own allocation fail as a RuntimeError, not the
+        # allocator's OutOfMemoryError; any of them means this micro-batch does not fit. Other errors rise.
+        if not memory.is_oom(e):
+            raise
         return False, torch.cuda.max_memory_reserved(device)
     finally:
         model.zero_grad(set_to_none=True)

@@ -61,6 +61,8 @@ def evaluate(s: Session) -> dict[str, float]:
     loss_sum = dist.total(loss_sum, p.device)
     count = int(dist.total(count, p.device))
     st.peak_eval = max(st.peak_eval, torch.cuda.max_memory_allocated(p.device) if p.device.type == "cuda" else rss_peak())
+    if p.device.type == "cuda":  # training's high-water mark from here on must not count this evaluation's
+        torch.cuda.reset_peak_memory_stats(p.device)
     if count == 0:
         return {}
     val_loss = loss_sum / count

@@ -1,6 +1,7 @@
 """FSDP with fp16: the GradScaler's overflow check sees every rank's gradient shards, so an overflow on one
 rank skips the step on all of them. Two real gloo ranks (torchrun) run baton's FSDP layout for the proof
-(support/fsdp_fp16_worker.py); the config and the precision resolution then allow the pair."""
+(benchmarks/fsdp_fp16_ranks.py, which gpu_check runs over NCCL); the config and the precision resolution
+then allow the pair, and a whole session trains with it."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from support.distrun import ROOT, rank_env
 
 def test_an_inf_on_one_shard_skips_the_step_on_every_rank(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(ROOT / "tests" / "support" / "fsdp_fp16_worker.py"), str(tmp_path)]
-    p = subprocess.run(cmd, cwd=ROOT, env=rank_env({"PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"}), capture_output=True,
+           str(ROOT / "benchmarks" / "fsdp_fp16_ranks.py"), str(tmp_path), "cpu"]
+    p = subprocess.run(cmd, cwd=ROOT, env=rank_env(), capture_output=True,
                        text=True, timeout=600, check=False)  # the timeout only catches a hang
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     r0, r1 = (json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1))
