@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from baton.bench import Cell, MiB, _is_oom, estimate_bytes, overrides, parse_size, pick
+from baton.bench import Cell, MiB, estimate_bytes, overrides, parse_size, pick
 from baton.config import load_config
 from baton.errors import BatonError
+from baton.runtime.memory import is_oom
 
 CAP_MIB = 64
 
@@ -98,8 +99,8 @@ def test_estimates_and_sizes(make_config):
     assert parse_size("8GB") == 8 * 10**9 and parse_size("1000") == 1000
     with pytest.raises(BatonError):
         parse_size("lots")
-    assert _is_oom(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 10 bytes"))
-    assert _is_oom(MemoryError()) and not _is_oom(RuntimeError("shape mismatch"))
+    assert is_oom(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 10 bytes"))
+    assert is_oom(MemoryError()) and not is_oom(RuntimeError("shape mismatch"))
 
 
 def test_bad_caps_and_tokens_per_step_are_one_line_errors(make_config, capsys, tmp_path, monkeypatch):
