@@ -4,7 +4,9 @@ tested on the capability tuples real GPUs report; the session-level refusals run
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 
 import pytest
 import torch
@@ -174,3 +176,18 @@ def test_bf16_below_ampere_is_refused_in_one_line(monkeypatch):
     cfg = load_config(None, ["train.precision=bf16", "train.fused_ce=false", *ON_GPU])
     resolve(cfg, a100, 1)
     assert cfg.train.precision == "bf16"
+
+
+def test_a_liger_kernel_that_does_not_import_counts_as_absent(tmp_path, monkeypatch, caplog):
+    # Installed, so find_spec sees it, but broken (built for another Triton): auto must stay off, not crash later.
+    pkg = tmp_path / "liger_kernel"
+    (pkg / "transformers").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "transformers" / "__init__.py").write_text("raise RuntimeError('triton 9.9 is required')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m.startswith("liger_kernel")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert importlib.util.find_spec("liger_kernel") is not None
+    with caplog.at_level("WARNING"):
+        assert fused_ce.installed() is False
+    assert "liger-kernel is installed but does not import (RuntimeError: triton 9.9 is required)" in caplog.text
