@@ -119,9 +119,9 @@ class TrainConfig:
     global_batch: int = 16  # samples per optimizer step over all ranks (accumulation is derived)
     precision: str = "fp32"  # fp32 | bf16 | fp16 (+ GradScaler) | auto (bf16 Ampere+, fp16 older GPUs, fp32 CPU)
     compile: bool | str = "auto"  # torch.compile model + loss: auto (on for CUDA, off on CPU) | true | false
-    fused_ce: bool | str = "auto"  # output head + cross-entropy in one kernel (liger-kernel): auto (CUDA, if installed) | true | false
+    fused_ce: bool | str = "auto"  # output head + cross-entropy in one kernel (liger-kernel): auto (CUDA, if installed, not fp16) | true | false
     deterministic: bool = False  # deterministic kernels + fixed cuBLAS workspace: bit-identical resume on CUDA, costs speed
-    device: str = "auto"  # auto | cpu | cuda
+    device: str = "auto"  # auto | cpu | cuda | cuda:N (that GPU, in a single process)
     seed: int = 0  # model init and dropout-free RNG seed
     threads: int = 0  # torch CPU threads (0 = torch's default)
     ckpt_every: int = 0  # also checkpoint every N steps (0 = only at the end of the session)
