@@ -591,6 +591,9 @@ def parent_main(args) -> int:
     print(f"# gpu_check{' --smoke' if args.smoke else ''}: {machine()}", flush=True)
 
     rows: dict[str, dict] = {}
+    # The server must never initialise CUDA, or no case forked from it can: should an import ask whether a
+    # GPU is there, NVML answers instead of the CUDA runtime.
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     multiprocessing.set_forkserver_preload(FORK_PRELOAD)
 
     def one(name: str) -> dict:
