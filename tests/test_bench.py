@@ -127,3 +127,19 @@ def test_a_tiny_cap_is_shown_as_it_is():
     from baton.bench import _mib
 
     assert _mib(1024) == "0.000977" and _mib(3.5 * MiB) == "3.5" and _mib(None) == "—"
+
+
+def test_the_grid_times_the_precision_auto_resolves_to(make_config, monkeypatch):
+    # precision = "auto" is bf16 or fp16 on a GPU: the grid must time that, not fp32.
+    import torch
+
+    from baton import bench
+
+    timed = []
+    monkeypatch.setattr(bench, "resolve_precision", lambda device: "bf16")
+    monkeypatch.setattr(bench, "_time_steps", lambda cfg, *a: timed.append(cfg.train.precision) or 1.0)
+    cfg = load_config(make_config(), ["train.precision=auto"])
+    cells = bench.run_grid(cfg, ["sdpa"], [32], [4], [False], [False], 256, torch.device("cpu"), warmup=0, steps=1)
+    assert timed == ["bf16"] and cells[0].status == "ok"
+    assert cfg.train.precision == "auto"  # the caller's config is left as it was
+    assert bench.precision_for(cfg, torch.device("cpu")) == "bf16"
