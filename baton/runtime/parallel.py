@@ -57,8 +57,8 @@ class Parallel:
         full = StateDictOptions(full_state_dict=True)
         # The resumed moments are keyed by parameter name here, so they survive the parameter swap below.
         # They wait in host memory, and the plain optimizer's full copies leave the GPU before sharding: else
-        # every rank holds the whole of both moments twice while it shards, and a resume runs out of memory
-        # where a fresh start fits.
+        # every rank holds the whole of both moments next to its new shards until the wrap returns. (The load
+        # before this still put them on the GPU whole, once: a fully sharded load is still to do.)
         osd = None
         if optimizer.state:
             # (Not cpu_offload=True: with a full state dict that hands the state to rank 0 alone.)
