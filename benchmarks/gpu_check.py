@@ -408,7 +408,7 @@ def run_fsdp_fp16(args, name: str) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(ROOT / "benchmarks" / "fsdp_fp16_ranks.py"), str(out), kind]
     # Its own limit: a case stopped by the budget must not leave two ranks holding the GPU behind it.
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False, timeout=240 if args.smoke else 90,
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False, timeout=600 if args.smoke else 90,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     if p.returncode:
         raise RuntimeError(f"the 2-process FSDP run exited {p.returncode}: {(p.stderr or p.stdout)[-2000:]}")
