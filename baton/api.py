@@ -208,9 +208,10 @@ def rank_args(cfg: Config, resume: str, stop_after_steps: int | None, started: f
 
 
 def _launched(cfg: Config, spec: LaunchSpec, args: list[str], stream_output: bool) -> dict[str, Any]:
-    from .runtime.launch import check_geometry, launch
+    from .runtime.launch import check_devices, check_geometry, launch
 
     spec.check()
+    check_devices(spec, cfg.train.device)  # first: a GPU count is the plainer fix than a batch geometry
     check_geometry(spec, cfg.train.global_batch, cfg.train.micro_batch)
     summary_path = cfg.run_dir / "run_summary.json"
     before = summary_path.stat().st_mtime if summary_path.exists() else None

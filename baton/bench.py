@@ -15,6 +15,7 @@ over the cap is not run (so an impossible cell cannot take the machine down).
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import dataclasses
 import gc
@@ -34,6 +35,8 @@ import torch.nn.functional as F
 from .config import Config
 from .errors import BatonError
 from .model.llama import build_model, param_count
+from .runtime.autotune import resolve_precision
+from .runtime.memory import is_oom
 
 log = logging.getLogger(__name__)
 GiB = 1024**3
@@ -150,11 +153,9 @@ def _trim() -> None:
         pass
 
 
-def _is_oom(e: BaseException) -> bool:
-    if isinstance(e, (MemoryError, torch.cuda.OutOfMemoryError)):
-        return True
-    text = str(e).lower()
-    return isinstance(e, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+def precision_for(cfg: Config, device: torch.device) -> str:
+    """The precision a training session on ``device`` runs under ``cfg`` (auto resolved as it would be)."""
+    return resolve_precision(device) if cfg.train.precision == "auto" else cfg.train.precision
 
 
 def run_cell(cfg: Config, cell: Cell, tokens_per_step: int, device: torch.device, warmup: int, steps: int,
@@ -187,7 +188,7 @@ def run_cell(cfg: Config, cell: Cell, tokens_per_step: int, device: torch.device
         with sampler:
             seconds = _time_steps(cfg, mcfg, cell, device, warmup, steps)
     except Exception as e:  # noqa: BLE001 - a cell's failure is a result, not the end of the grid
-        if _is_oom(e):
+        if is_oom(e):
             cell.status, cell.reason = "OOM", f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
         else:
             cell.status, cell.reason = "error", f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
@@ -255,6 +256,9 @@ def run_grid(cfg: Config, attns: list[str], seqs: list[int], micros: list[int], 
              compiles: list[bool], tokens_per_step: int, device: torch.device, warmup: int = 2, steps: int = 5,
              cap: int | None = None, target_tokens: int = 0, ranks: int = 1, progress=None) -> list[Cell]:
     cells = [Cell(a, s, m, c, k) for a in attns for s in seqs for m in micros for c in ckpts for k in compiles]
+    if cfg.train.precision == "auto":  # timed as training runs it (bf16 or fp16 on a GPU), not as fp32
+        cfg = copy.deepcopy(cfg)
+        cfg.train.precision = precision_for(cfg, device)
     if cfg.train.threads:  # the threads `baton train` would use: the rate is the run's, whichever command measures it
         torch.set_num_threads(cfg.train.threads)
     for cell in cells:

@@ -30,6 +30,11 @@ PRECISIONS = ("fp32", "bf16", "fp16", "auto")
 SCHEDULES = ("wsd", "cosine", "linear")  # optim.schedule (model.schedule computes each)
 DECAY_SHAPES = ("linear", "cosine", "1-sqrt")  # optim.decay_shape, the wsd cooldown
 PARALLEL = ("ddp", "fsdp")
+# liger's fused head writes the logits' gradient in fp16 before the GradScaler's scale applies
+# (baton.runtime.fused_ce): said by the config check when both are set, and by autotune when auto chose fp16.
+FUSED_CE_FP16 = ("train.fused_ce=true does not run under precision fp16: the fused kernel makes the logits' gradient "
+                 "in fp16 before the loss scale applies, and most of it rounds to zero (set train.fused_ce = \"auto\" "
+                 "or false, or train.precision = \"bf16\" on an Ampere or newer GPU)")
 SOURCE_KINDS = ("stdlib", "text", "jsonl", "parquet", "hf_dataset")
 SPIKE_POLICIES = ("log", "rollback", "stop")
 MAX_STORE_RETRIES = 100  # store.retries
@@ -114,9 +119,9 @@ class TrainConfig:
     global_batch: int = 16  # samples per optimizer step over all ranks (accumulation is derived)
     precision: str = "fp32"  # fp32 | bf16 | fp16 (+ GradScaler) | auto (bf16 Ampere+, fp16 older GPUs, fp32 CPU)
     compile: bool | str = "auto"  # torch.compile model + loss: auto (on for CUDA, off on CPU) | true | false
-    fused_ce: bool | str = "auto"  # output head + cross-entropy in one kernel (liger-kernel): auto (CUDA, if installed) | true | false
+    fused_ce: bool | str = "auto"  # output head + cross-entropy in one kernel (liger-kernel): auto (CUDA, if installed, not fp16) | true | false
     deterministic: bool = False  # deterministic kernels + fixed cuBLAS workspace: bit-identical resume on CUDA, costs speed
-    device: str = "auto"  # auto | cpu | cuda
+    device: str = "auto"  # auto | cpu | cuda | cuda:N (that GPU, in a single process)
     seed: int = 0  # model init and dropout-free RNG seed
     threads: int = 0  # torch CPU threads (0 = torch's default)
     ckpt_every: int = 0  # also checkpoint every N steps (0 = only at the end of the session)
@@ -486,6 +491,8 @@ def _semantic_problems(cfg: Config) -> list[str]:
         p.append(f"train.compile={t.compile!r} is not auto, true or false")
     if isinstance(t.fused_ce, str) and t.fused_ce != "auto":
         p.append(f"train.fused_ce={t.fused_ce!r} is not auto, true or false")
+    elif t.fused_ce is True and t.precision == "fp16":
+        p.append(FUSED_CE_FP16)
     if t.device not in ("auto", "cpu", "cuda") and not str(t.device).startswith("cuda:"):
         p.append(f"train.device={t.device!r} is not auto, cpu or cuda")
     for k in ("ckpt_every", "threads"):
@@ -510,9 +517,6 @@ def _semantic_problems(cfg: Config) -> list[str]:
     p.extend(_log_problems(cfg.log))
     if t.parallel not in PARALLEL:
         p.append(f"train.parallel={t.parallel!r} is not one of {', '.join(PARALLEL)}")
-    elif t.parallel == "fsdp" and t.precision == "fp16":
-        p.append("train.parallel='fsdp' does not support precision fp16 (its GradScaler needs whole "
-                 "gradients); use precision bf16 or fp32 with fsdp")
     if s.verify not in ("sample", "full"):
         p.append(f"store.verify={s.verify!r} is not sample or full")
     positive("store.keep_last", s.keep_last)

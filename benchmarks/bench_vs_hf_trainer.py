@@ -80,9 +80,13 @@ def race(cfg, work: Path, steps: int, warmup: int, progress: bool = True) -> dic
 
     for d in (Path(cfg.run_dir), Path(cfg.store.url) / cfg.run.name):
         shutil.rmtree(d, ignore_errors=True)
+    if cfg.total_steps <= steps:
+        # At the horizon baton evaluates and exports after its last step; the race times steps only.
+        raise SystemExit(f"race: the config's horizon ({cfg.total_steps} steps) must lie beyond the {steps} raced")
     tokens = cfg.train.global_batch * cfg.data.seq_len
-    # On a GPU the Trainer's step ends with kernels still queued (it reads no loss back); its step time
-    # must include them, not leave them to baton's.
+    # On a GPU either side's step can end with kernels still queued (the Trainer reads no loss back; baton's
+    # optimizer step follows its last read of the loss): each step's time ends in a synchronize, on both
+    # sides, so neither leaves its kernels to the other's clock.
     sync = torch.cuda.synchronize if cfg.train.device.startswith("cuda") else (lambda: None)
 
     hf_go, hf_done = threading.Semaphore(0), threading.Semaphore(0)
@@ -111,6 +115,7 @@ def race(cfg, work: Path, steps: int, warmup: int, progress: bool = True) -> dic
 
     def record(step, m):
         orig(step, m)
+        sync()
         baton_times.append(time.perf_counter() - mark[0])
         if not hf_exited.is_set():
             hf_go.release()  # the Trainer's turn: one step
@@ -150,8 +155,8 @@ def race(cfg, work: Path, steps: int, warmup: int, progress: bool = True) -> dic
         s.close()
     if errors:
         raise errors[0]
-    if len(hf_times) < steps:
-        raise SystemExit(f"the Trainer stopped after {len(hf_times)} of {steps} steps")
+    if len(hf_times) != steps or len(baton_times) != steps:
+        raise SystemExit(f"the race ran {len(baton_times)} baton and {len(hf_times)} Trainer steps, not {steps} each")
     b_dt, h_dt = baton_times[warmup:], hf_times[warmup:]
     return {"tokens_per_step": tokens, "baton_step_seconds": b_dt, "hf_step_seconds": h_dt,
             "baton_tokens_per_s": tokens / median(b_dt), "hf_tokens_per_s": tokens / median(h_dt),

@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from baton.bench import Cell, MiB, _is_oom, estimate_bytes, overrides, parse_size, pick
+from baton.bench import Cell, MiB, estimate_bytes, overrides, parse_size, pick
 from baton.config import load_config
 from baton.errors import BatonError
+from baton.runtime.memory import is_oom
 
 CAP_MIB = 64
 
@@ -98,8 +99,8 @@ def test_estimates_and_sizes(make_config):
     assert parse_size("8GB") == 8 * 10**9 and parse_size("1000") == 1000
     with pytest.raises(BatonError):
         parse_size("lots")
-    assert _is_oom(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 10 bytes"))
-    assert _is_oom(MemoryError()) and not _is_oom(RuntimeError("shape mismatch"))
+    assert is_oom(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 10 bytes"))
+    assert is_oom(MemoryError()) and not is_oom(RuntimeError("shape mismatch"))
 
 
 def test_bad_caps_and_tokens_per_step_are_one_line_errors(make_config, capsys, tmp_path, monkeypatch):
@@ -126,3 +127,19 @@ def test_a_tiny_cap_is_shown_as_it_is():
     from baton.bench import _mib
 
     assert _mib(1024) == "0.000977" and _mib(3.5 * MiB) == "3.5" and _mib(None) == "—"
+
+
+def test_the_grid_times_the_precision_auto_resolves_to(make_config, monkeypatch):
+    # precision = "auto" is bf16 or fp16 on a GPU: the grid must time that, not fp32.
+    import torch
+
+    from baton import bench
+
+    timed = []
+    monkeypatch.setattr(bench, "resolve_precision", lambda device: "bf16")
+    monkeypatch.setattr(bench, "_time_steps", lambda cfg, *a: timed.append(cfg.train.precision) or 1.0)
+    cfg = load_config(make_config(), ["train.precision=auto"])
+    cells = bench.run_grid(cfg, ["sdpa"], [32], [4], [False], [False], 256, torch.device("cpu"), warmup=0, steps=1)
+    assert timed == ["bf16"] and cells[0].status == "ok"
+    assert cfg.train.precision == "auto"  # the caller's config is left as it was
+    assert bench.precision_for(cfg, torch.device("cpu")) == "bf16"

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN_ON_CPU = ("fp16", "bf16", "fp32", "base", "resume_det", "resume_nondet", "ckpt", "eager")
+RUN_ON_CPU = ("fp16", "bf16", "fp32", "base", "eval_probe", "resume_det", "resume_nondet", "fsdp_fp16", "ckpt",
+              "eager")
 
 
 def test_gpu_check_smoke(tmp_path):
@@ -27,7 +28,7 @@ def test_gpu_check_smoke(tmp_path):
     for name in RUN_ON_CPU:
         assert rows[name]["status"] == "ok", rows[name]
     # Nothing that needs CUDA is passed off as run.
-    for name in ("flash2", "fused_ce", "compile_fused"):
+    for name in ("flash2", "fused_ce", "fp16_fused"):
         assert rows[name]["status"] == "skipped: no CUDA"
     assert rows["compile"]["status"].startswith("skipped: smoke")
     trainer = "ok" if importlib.util.find_spec("accelerate") else "skipped: accelerate not installed"
@@ -46,6 +47,15 @@ def test_gpu_check_smoke(tmp_path):
         assert rows[name]["tokens_per_s"] > 0 and rows[name]["mfu"] is None
     assert rows["ckpt"]["grad_ckpt"] is True and rows["eager"]["attn"] == "eager"
     assert rows["micro_auto"]["status"] == "ok" and rows["micro_auto"]["micro_batch"] == rows["base"]["micro_batch"]
+    # The evaluation after the probe: every held-out window, in forwards the logits budget allows.
+    ev = rows["eval_probe"]
+    assert ev["checks"] == {"evaluated_without_running_out_of_memory": True} and ev["val_windows"] == 16
+    assert 1 <= ev["eval_micro_batch"] <= ev["micro_batch"]
+    # Two ranks (gloo here, NCCL on the GPU): an overflow on one rank's shard skipped the step on both.
+    assert rows["fsdp_fp16"]["checks"] == {"overflow_on_one_shard_skips_every_rank": True, "clean_step_updates": True}
+    # The Trainer race ran the same steps on both sides.
+    if rows["trainer"]["status"] == "ok":
+        assert rows["trainer"]["steps_each"] == 4 and rows["trainer"]["steps_measured"] == 3
     assert res["verdicts"]["mfu_target_met"] is None and res["verdicts"]["trainer_target_met"] is None
     assert all(r["wall_seconds"] >= 0 for r in res["cases"])
     # One table with a row per case.

@@ -4,7 +4,9 @@ tested on the capability tuples real GPUs report; the session-level refusals run
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 
 import pytest
 import torch
@@ -103,3 +105,89 @@ def test_deterministic_switch(monkeypatch):
     finally:
         torch.use_deterministic_algorithms(False)
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, before
+
+
+def fake_gpu(monkeypatch, capability: tuple[int, int], name: str) -> torch.device:
+    """A CUDA device as autotune sees one: only what it asks torch.cuda about it."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    return torch.device("cuda", 0)
+
+
+# micro_batch fixed: the probe would need real GPU memory.
+ON_GPU = ["train.micro_batch=4", "train.compile=false"]
+
+
+def test_fused_ce_logit_gradients_underflow_in_fp16_before_the_loss_scale():
+    # What liger's fused head does: (softmax - onehot) / tokens written into the fp16 logits buffer in the
+    # forward pass; the GradScaler's scale multiplies it only in backward. The unfused loss's backward
+    # produces the same gradient already scaled, in the same dtype.
+    tokens, vocab, scale = 4 * 1024, 49_152, 2.0**16
+    torch.manual_seed(0)
+    probs = torch.softmax(torch.randn(4, vocab), dim=-1)  # 4 positions of an early-training distribution
+    fused = (probs / tokens).half().float() * scale
+    unfused = (probs / tokens * scale).half().float()
+    assert (fused == 0).float().mean() > 0.9  # most of the vocabulary's gradient is gone
+    assert int((unfused == 0).sum()) == 0  # the scaled gradient keeps every entry
+    # The boundary: the smallest fp16 step is 2**-24, so a probability below 2**-25 * tokens (1.2e-4) is zero.
+    edge = 2.0**-25 * tokens
+    assert float(torch.tensor(edge * 0.99 / tokens).half()) == 0 and float(torch.tensor(edge * 1.01 / tokens).half()) > 0
+    assert 2.0**-24 * tokens == pytest.approx(2.44e-4, rel=1e-3)
+    # bf16 has fp32's exponent range: no entry underflows there, which is why bf16 keeps the fused loss.
+    assert int(((probs / tokens).bfloat16() == 0).sum()) == 0
+
+
+def test_fused_ce_is_off_under_fp16_and_true_with_fp16_is_refused(monkeypatch):
+    from baton.config import FUSED_CE_FP16
+
+    assert fused_ce.decide("auto", "cuda", True, "ddp", "fp16") is False
+    assert fused_ce.decide("auto", "cuda", True, "ddp", "bf16") is True
+    line = ('train.fused_ce=true does not run under precision fp16: the fused kernel makes the logits\' gradient in '
+            'fp16 before the loss scale applies, and most of it rounds to zero (set train.fused_ce = "auto" or '
+            'false, or train.precision = "bf16" on an Ampere or newer GPU)')
+    assert FUSED_CE_FP16 == line
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["train.fused_ce=true", "train.precision=fp16"])
+    assert str(e.value) == f"invalid config: {line}"
+    # On a T4, precision auto becomes fp16: auto leaves the fused loss off, true is refused in the same line.
+    monkeypatch.setattr(fused_ce, "installed", lambda: True)
+    t4 = fake_gpu(monkeypatch, (7, 5), "Tesla T4")
+    cfg = load_config(None, ["train.precision=auto", *ON_GPU])
+    notes = resolve(cfg, t4, 1)
+    assert cfg.train.precision == "fp16" and cfg.train.fused_ce is False and notes["fused_ce"] == "auto -> False"
+    with pytest.raises(ConfigError) as e:
+        resolve(load_config(None, ["train.precision=auto", "train.fused_ce=true", *ON_GPU]), t4, 1)
+    assert str(e.value) == line
+    # On an H100 auto picks bf16 and the fused loss with it.
+    h100 = fake_gpu(monkeypatch, (9, 0), "NVIDIA H100 80GB HBM3")
+    cfg = load_config(None, ["train.precision=auto", *ON_GPU])
+    resolve(cfg, h100, 1)
+    assert cfg.train.precision == "bf16" and cfg.train.fused_ce is True
+
+
+def test_bf16_below_ampere_is_refused_in_one_line(monkeypatch):
+    t4 = fake_gpu(monkeypatch, (7, 5), "Tesla T4")
+    with pytest.raises(ConfigError) as e:
+        resolve(load_config(None, ["train.precision=bf16", "train.fused_ce=false", *ON_GPU]), t4, 1)
+    assert str(e.value) == ("train.precision=bf16 needs a GPU with bf16 tensor cores (compute capability 8.0 or "
+                            "newer), and Tesla T4 is 7.5 (set train.precision = \"fp16\", or \"auto\", which picks "
+                            "fp16 there)")
+    a100 = fake_gpu(monkeypatch, (8, 0), "NVIDIA A100-SXM4-80GB")
+    cfg = load_config(None, ["train.precision=bf16", "train.fused_ce=false", *ON_GPU])
+    resolve(cfg, a100, 1)
+    assert cfg.train.precision == "bf16"
+
+
+def test_a_liger_kernel_that_does_not_import_counts_as_absent(tmp_path, monkeypatch, caplog):
+    # Installed, so find_spec sees it, but broken (built for another Triton): auto must stay off, not crash later.
+    pkg = tmp_path / "liger_kernel"
+    (pkg / "transformers").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "transformers" / "__init__.py").write_text("raise RuntimeError('triton 9.9 is required')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m.startswith("liger_kernel")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert importlib.util.find_spec("liger_kernel") is not None
+    with caplog.at_level("WARNING"):
+        assert fused_ce.installed() is False
+    assert "liger-kernel is installed but does not import (RuntimeError: triton 9.9 is required)" in caplog.text

@@ -20,6 +20,26 @@ from tokenizers import Tokenizer
 
 from ..errors import BatonError
 
+# The logits of one evaluation forward, with their fp32 copy and log-softmax, stay under this many bytes,
+# whatever micro-batch training uses: that micro-batch may have been sized by the probe for the fused loss,
+# which never holds logits (baton.runtime.fused_ce), and at the reference shape its logits would be tens of GB.
+EVAL_LOGITS_BUDGET = 2 * 2**30
+
+
+def scoring_bytes_per_token(vocab: int, dtype: torch.dtype | None) -> int:
+    """Peak bytes per token while ``window_losses`` scores: the logits in the forward's dtype, their fp32 copy
+    (none when they are fp32 already) and the fp32 log-softmax inside the cross-entropy."""
+    size = torch.empty((), dtype=dtype or torch.float32).element_size()
+    return vocab * (size + (4 if size != 4 else 0) + 4)
+
+
+def eval_micro_batch(micro_batch: int, seq_len: int, vocab: int, dtype: torch.dtype | None,
+                     budget: int | None = None) -> int:
+    """Windows per evaluation forward: the training micro-batch, or fewer where their logits would pass the
+    budget (``EVAL_LOGITS_BUDGET``); at least one window."""
+    budget = EVAL_LOGITS_BUDGET if budget is None else budget
+    return max(1, min(micro_batch, budget // (seq_len * scoring_bytes_per_token(vocab, dtype))))
+
 
 def window_losses(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
                   autocast: Callable[[], AbstractContextManager]) -> torch.Tensor:

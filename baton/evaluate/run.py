@@ -17,7 +17,7 @@ from ..config import Config, config_from_dict
 from ..errors import BatonError
 from ..hashing import sha256_file
 from ..runtime.device import pick_device
-from .heldout import Scorer, file_rows, token_bytes
+from .heldout import Scorer, eval_micro_batch, file_rows, token_bytes
 from .record import EvalRecord, eval_key, read_record, write_record
 
 __all__ = ["EvalRecord", "Plan", "eval_key", "evaluate_model", "read_record", "run_eval", "write_record"]
@@ -70,7 +70,8 @@ def evaluate_model(cfg: Config, plan: Plan, model: torch.nn.Module, step: int, c
         return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
 
     tok = data_tokenizer(cfg.data.dir)
-    micro = saved.train.micro_batch if isinstance(saved.train.micro_batch, int) else 1
+    micro = eval_micro_batch(saved.train.micro_batch if isinstance(saved.train.micro_batch, int) else 1,
+                             saved.data.seq_len, saved.model.vocab_size, dtype)
     scorer = Scorer(model, device, micro, autocast, token_bytes(tok))
     data = WindowDataset(cfg.data.dir, saved.data.seq_len, saved.data.shuffle_seed, saved.data.val_windows)
     ids = data.val_window_ids()

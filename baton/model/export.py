@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from ..checkpoint.record import CheckpointState
+from ..config import ModelConfig
 from ..errors import BatonError
 
 
@@ -88,9 +90,16 @@ def checkpoint_model(cfg, source: str, tmp: Path, step: int | None = None) -> tu
     state = read_state(folder)
     if step is not None and state.step != step:
         raise BatonError(f"the checkpoint at step {step} holds the state of step {state.step}: the store is damaged")
-    model = build_model(config_from_dict(state.config).model, "cpu")
+    model = build_model(portable(config_from_dict(state.config).model), "cpu")
     load_weights(folder, model)
     return model, state
+
+
+def portable(m: ModelConfig) -> ModelConfig:
+    """The saved model with an attention every machine runs. FlashAttention-2 and SDPA compute the same
+    function of the same weights (SDPA picks a flash kernel itself where the GPU has one), while flash-attn
+    is a CUDA-only package that the machine exporting, evaluating or publishing a run often lacks."""
+    return dataclasses.replace(m, attn="sdpa") if m.attn == "flash_attention_2" else m
 
 
 def export_run(cfg, source: str, out: Path, step: int | None = None) -> Path:

@@ -19,6 +19,7 @@ from ..errors import StoreError
 from ..model.llama import build_model, count_parameters, param_count
 from ..model.optimizer import adamw, check_precision
 from ..model.schedule import factor_for, landmarks, plateau_share, plot
+from ..runtime.autotune import resolve_precision
 from ..store import delete_prefix, open_store
 from .core import Context, StageResult, timed
 
@@ -56,7 +57,9 @@ def stage_construct(ctx: Context) -> StageResult:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = build_model(small.model, device, seed=small.train.seed)
     x = torch.randint(0, min(small.model.vocab_size, 1000), (2, min(small.data.seq_len, 64)), device=device)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(small.train.precision)
+    # "auto" is what a session on this device resolves it to (fp16 on a T4, bf16 on Ampere+), not fp32.
+    precision = resolve_precision(device) if small.train.precision == "auto" else small.train.precision
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
         loss = model(input_ids=x, labels=x).loss
     loss.backward()
@@ -71,16 +74,15 @@ def stage_construct(ctx: Context) -> StageResult:
     r.check(SCHEDULE_CHECK, shape_ok, detail)
 
     opt = adamw(model, small, device)
-    scaler = torch.amp.GradScaler(device.type, enabled=small.train.precision == "fp16")
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     try:
-        check_precision(model, scaler, small.train.precision)
+        check_precision(model, scaler, precision)
         r.check("precision asserted: fp32 master weights, GradScaler live exactly when fp16", True,
-                f"{small.train.precision}, scaler {'on' if scaler.is_enabled() else 'off'}")
+                f"{precision}, scaler {'on' if scaler.is_enabled() else 'off'}")
     except RuntimeError as e:
         r.check("precision asserted: fp32 master weights, GradScaler live exactly when fp16", False, e)
     del opt
-    r.numbers["precision"] = {"configured": cfg.train.precision, "tested": small.train.precision,
-                              "device": str(device)}
+    r.numbers["precision"] = {"configured": cfg.train.precision, "tested": precision, "device": str(device)}
     return r
 
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from ..config import Config
 from ..errors import ConfigError
-from . import fused_ce
+from . import fused_ce, memory
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +37,15 @@ def resolve(cfg: Config, device: torch.device, world: int) -> dict[str, Any]:
     t = cfg.train
     notes: dict[str, Any] = {}
     if t.precision == "auto":
-        t.precision = resolve_precision(device, getattr(t, "parallel", "ddp"))
+        t.precision = resolve_precision(device)
         notes["precision"] = f"auto -> {t.precision}"
     elif t.precision == "bf16" and device.type == "cuda" and not _bf16_native(device):
-        log.warning("precision bf16 on %s: this GPU has no bf16 tensor cores, so bf16 is emulated and slow "
-                    "(use precision fp16, or auto)", torch.cuda.get_device_name(device))
+        # Emulated there: several times slower than fp16, SDPA falls back to its math kernel and compile
+        # skips the graphs. A run that says bf16 on such a GPU is a mistake worth a stop, not a warning.
+        cap = torch.cuda.get_device_capability(device)
+        raise ConfigError(f"train.precision=bf16 needs a GPU with bf16 tensor cores (compute capability 8.0 or newer), "
+                          f"and {torch.cuda.get_device_name(device)} is {cap[0]}.{cap[1]} (set train.precision = "
+                          "\"fp16\", or \"auto\", which picks fp16 there)")
     if t.compile == "auto":
         # On by default where it pays: on CUDA (measured in benchmarks/gpu_check.py) from compute capability
         # 7.0, the oldest Triton generates kernels for (a P100 cannot compile); on CPU the minutes of code
@@ -49,7 +53,8 @@ def resolve(cfg: Config, device: torch.device, world: int) -> dict[str, Any]:
         t.compile = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (7, 0)
         notes["compile"] = f"auto -> {t.compile}"
     # Before the micro-batch: the probe measures the loss the run will use, and the logits dominate memory.
-    fused = fused_ce.decide(t.fused_ce, device.type, fused_ce.installed(), t.parallel)
+    # After the precision: auto keeps it off under fp16, and true with fp16 is refused (see fused_ce).
+    fused = fused_ce.decide(t.fused_ce, device.type, fused_ce.installed(), t.parallel, t.precision)
     if t.fused_ce == "auto":
         notes["fused_ce"] = f"auto -> {fused}"
     t.fused_ce = fused
@@ -73,14 +78,16 @@ def resolve(cfg: Config, device: torch.device, world: int) -> dict[str, Any]:
     return notes
 
 
-def resolve_precision(device: torch.device, parallel: str = "ddp") -> str:
+def resolve_precision(device: torch.device) -> str:
     """auto: bf16 where the GPU has bf16 tensor cores (Ampere and newer), else fp16 with a GradScaler;
-    fp32 on CPU (autocast there costs more than it saves for these models)."""
+    fp32 on CPU (autocast there costs more than it saves for these models).
+
+    fp16 holds under FSDP too: the GradScaler's overflow check runs on the gradient shards as DTensors,
+    which all-reduce the found-inf flag, so an overflow on one rank's shard skips the step on every rank
+    (tests/dist/test_dist_fsdp_fp16.py)."""
     if device.type != "cuda":
         return "fp32"
-    if _bf16_native(device):
-        return "bf16"
-    return "fp32" if parallel == "fsdp" else "fp16"  # FSDP cannot use the GradScaler that fp16 needs
+    return "bf16" if _bf16_native(device) else "fp16"
 
 
 def _bf16_native(device: torch.device) -> bool:
@@ -123,7 +130,8 @@ def probe_micro_batch(cfg: Config, device: torch.device, per_rank: int) -> tuple
     # AdamW's moments (2 x fp32); with several ranks, DDP's gradient buckets are about one more copy.
     extra = 3 if torch.distributed.is_initialized() else 2
     reserve = torch.empty(extra * n, dtype=torch.float32, device=device)
-    loss_fn = micro_loss_fn(AUTOCAST.get(cfg.train.precision), compiled=False, fused=bool(cfg.train.fused_ce))
+    precision = resolve_precision(device) if cfg.train.precision == "auto" else cfg.train.precision  # as it trains
+    loss_fn = micro_loss_fn(AUTOCAST.get(precision), compiled=False, fused=bool(cfg.train.fused_ce))
     try:
         chosen, tried = choose_micro_batch(
             micro_batch_candidates(per_rank),
@@ -170,7 +178,11 @@ def _try_micro_batch(model, loss_fn, mb: int, seq_len: int, device, total: int) 
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_reserved(device)
         return peak <= GPU_MEMORY_SHARE * total, peak
-    except torch.OutOfMemoryError:
+    except (torch.OutOfMemoryError, RuntimeError) as e:
+        # cuBLAS's workspace, cuDNN or a Triton kernel's own allocation fail as a RuntimeError, not the
+        # allocator's OutOfMemoryError; any of them means this micro-batch does not fit. Other errors rise.
+        if not memory.is_oom(e):
+            raise
         return False, torch.cuda.max_memory_reserved(device)
     finally:
         model.zero_grad(set_to_none=True)

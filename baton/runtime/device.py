@@ -12,4 +12,28 @@ def pick_device(spec: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if spec.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"train.device={spec!r} but no CUDA GPU is visible (use train.device='cpu' or 'auto')")
-    return torch.device(spec)
+    device = torch.device(spec)
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        n = torch.cuda.device_count()
+        raise ConfigError(f"train.device={spec!r} but {n} CUDA GPU{'' if n == 1 else 's'} {'is' if n == 1 else 'are'} "
+                          f"visible (cuda:0 to cuda:{n - 1}; check CUDA_VISIBLE_DEVICES)")
+    return device
+
+
+def rank_device(device: torch.device, local_rank: int, under_torchrun: bool) -> torch.device:
+    """The GPU this process trains on: under torchrun the one of its local rank (one process per GPU); in a
+    single process the one ``train.device`` names (``cuda`` alone: GPU 0), so two single-GPU runs on one
+    machine can each have their own. It becomes the current device: kernels and memory counters that take
+    no device argument then mean this one."""
+    if device.type != "cuda":
+        return device
+    if under_torchrun:
+        if device.index is not None and device.index != local_rank:
+            raise ConfigError(f"train.device='cuda:{device.index}' names one GPU, but under torchrun each rank trains "
+                              f"on the GPU of its local rank (this one: cuda:{local_rank}); set train.device = "
+                              "\"cuda\" or \"auto\", and choose the GPUs with CUDA_VISIBLE_DEVICES")
+        index = local_rank
+    else:
+        index = 0 if device.index is None else device.index
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)

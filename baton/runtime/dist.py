@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from ..errors import BatonError
+from ..errors import BatonError, ConfigError
 
 T = TypeVar("T")
 
@@ -70,6 +70,11 @@ def init(device_type: str, timeout_s: float = 600.0) -> DistInfo:
         return DistInfo()
     backend = "nccl" if device_type == "cuda" else "gloo"
     if device_type == "cuda":
+        visible = torch.cuda.device_count()
+        if local_rank >= visible:  # else an "invalid device ordinal" traceback from every extra rank
+            raise ConfigError(f"this node starts more ranks than it has GPUs: local rank {local_rank}, and "
+                              f"{visible} CUDA GPU{'' if visible == 1 else 's'} visible (start at most {visible} "
+                              f"process{'' if visible == 1 else 'es'} per node: --nproc {visible})")
         torch.cuda.set_device(local_rank)
     # A bounded timeout: a rank that hangs must not leave the others waiting forever in a collective.
     # (A rank that dies is noticed sooner: gloo sees the closed connection, torchrun tears the group down.)

@@ -117,13 +117,32 @@ class FlopsInfo:
         }
 
 
+def tf32_matmul() -> bool:
+    """Whether fp32 matmuls may run on TF32 tensor cores.
+
+    torch 2.9 added ``torch.backends.cuda.matmul.fp32_precision`` ("ieee" | "tf32" | "none": not set), and once
+    it is set (transformers sets it on import there) reading the old ``allow_tf32`` raises a RuntimeError about
+    mixing the two APIs. So the new switch is read first, and the old one only where the new one is unset.
+    """
+    import torch
+
+    matmul = torch.backends.cuda.matmul
+    new = getattr(matmul, "fp32_precision", None)
+    if new in ("tf32", "ieee"):
+        return new == "tf32"
+    try:
+        return bool(matmul.allow_tf32)
+    except RuntimeError:  # the two APIs mixed in a way neither answers: claim the lower (plain fp32) peak
+        return False
+
+
 def session_flops(m: ModelConfig, seq_len: int, device, precision: str, devices: int) -> FlopsInfo:
     """FLOPs bookkeeping for a training session on ``device`` (a torch.device)."""
     import torch
 
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        peak = peak_flops(name, precision, tf32=torch.backends.cuda.matmul.allow_tf32)
+        peak = peak_flops(name, precision, tf32=tf32_matmul())
     else:
         import platform
 

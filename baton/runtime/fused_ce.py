@@ -5,29 +5,50 @@ At the reference shape (vocabulary 49,152) one micro-batch of 8 x 2048 tokens ha
 plus their gradient: the largest single allocation of a step, and the one that caps the micro-batch.
 The kernels are Triton, so the fused path runs on CUDA only, and only with the optional extra
 ``pip install "baton[liger]"``.
+
+Never under fp16: the fused kernel computes the logits' gradient already in the forward pass, in the
+16-bit buffer of the logits, as ``(softmax - onehot) / tokens``, and multiplies by the GradScaler's scale
+only in the backward pass. The scale then protects nothing: at 4 x 1024 tokens an entry of a probability
+below about 1.2e-4 rounds to zero and one below 2.4e-4 keeps at most fp16's smallest step, 2**-24 (at the
+start of training that is nearly the whole vocabulary of 49,152). bf16 has fp32's range, so there it is safe.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import logging
 from collections.abc import Callable
 from contextlib import nullcontext
 
 import torch
 
+from ..config import FUSED_CE_FP16
 from ..errors import ConfigError
 
+log = logging.getLogger(__name__)
 
 def installed() -> bool:
-    return importlib.util.find_spec("liger_kernel") is not None
+    """Whether the fused loss can be imported: a package that is present but broken (a Triton or torch it
+    was not built for) counts as absent, so ``auto`` leaves it off instead of failing at the first step."""
+    try:
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss  # noqa: F401
+    except Exception as e:  # ImportError, or whatever a broken extension raises while it loads
+        if not isinstance(e, ModuleNotFoundError) or e.name != "liger_kernel":
+            log.warning("liger-kernel is installed but does not import (%s: %s); train.fused_ce auto stays off",
+                        type(e).__name__, e)
+        return False
+    return True
 
 
-def decide(setting: bool | str, device_type: str, liger: bool, parallel: str = "ddp") -> bool:
-    """auto: on where it can run (CUDA, liger-kernel installed, not FSDP); true: on, or a one-line refusal."""
-    possible = device_type == "cuda" and liger and parallel != "fsdp"
+def decide(setting: bool | str, device_type: str, liger: bool, parallel: str = "ddp", precision: str = "fp32"
+           ) -> bool:
+    """auto: on where it can run and is safe (CUDA, liger-kernel installed, not FSDP, not fp16); true: on, or
+    a one-line refusal."""
+    possible = device_type == "cuda" and liger and parallel != "fsdp" and precision != "fp16"
     if setting == "auto":
         return possible
     if setting and not possible:
+        if precision == "fp16":
+            raise ConfigError(FUSED_CE_FP16)
         if parallel == "fsdp":
             why = "does not run under train.parallel='fsdp' (the head's weight is sharded outside the forward)"
         elif device_type != "cuda":

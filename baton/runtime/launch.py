@@ -89,6 +89,27 @@ def check_geometry(spec: LaunchSpec, global_batch: int, micro_batch: int | str) 
         )
 
 
+def check_devices(spec: LaunchSpec, device: str) -> None:
+    """Refuse, before starting any process, more ranks on this node than it has GPUs (each rank takes the
+    GPU of its local rank; the extra ones would each end in an "invalid device ordinal" traceback)."""
+    import torch
+
+    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+        return  # CPU ranks share the cores; any number runs (gloo)
+    if not torch.cuda.is_available():
+        from .device import pick_device
+
+        pick_device(device)  # its one line: no CUDA GPU is visible
+    visible = torch.cuda.device_count()  # without initialising CUDA in this process (NVML)
+    if device.startswith("cuda:"):
+        raise BatonError(f"train.device={device!r} names one GPU, and --nproc {spec.nproc} starts a process per GPU: "
+                         "set train.device = \"cuda\" or \"auto\" (choose the GPUs with CUDA_VISIBLE_DEVICES)")
+    if spec.nproc > visible:
+        raise BatonError(f"--nproc {spec.nproc} starts a process per GPU, and this machine has {visible} CUDA "
+                         f"GPU{'' if visible == 1 else 's'} visible: use --nproc {visible} or fewer (or check "
+                         "CUDA_VISIBLE_DEVICES)")
+
+
 @lru_cache(maxsize=1)
 def _torchrun_options() -> frozenset[str]:
     # Some options (signals to handle, shutdown timeout) are newer than the oldest torch baton supports.

@@ -63,3 +63,15 @@ def check_fits(n_params: int, parallel: str, world: int, device: torch.device) -
 def rss_peak() -> int:
     """This process's resident-set high-water mark, bytes."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def is_oom(e: BaseException) -> bool:
+    """Whether ``e`` says that memory ran out, in any of the ways a step can: the caching allocator's
+    ``OutOfMemoryError``, a kernel's or cuBLAS/cuDNN's own allocation failing (a plain RuntimeError, or
+    torch's AcceleratorError, naming it), or the host's ``MemoryError``."""
+    if isinstance(e, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    text = str(e).lower()
+    return isinstance(e, RuntimeError) and any(k in text for k in (
+        "out of memory", "can't allocate memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed",
+        "cudnn_status_not_enough_workspace"))

@@ -56,7 +56,16 @@ class Parallel:
 
         full = StateDictOptions(full_state_dict=True)
         # The resumed moments are keyed by parameter name here, so they survive the parameter swap below.
-        osd = get_optimizer_state_dict(model, optimizer, options=full) if optimizer.state else None
+        # They wait in host memory, and the plain optimizer's full copies leave the GPU before sharding: else
+        # every rank holds the whole of both moments next to its new shards until the wrap returns. (The load
+        # before this still put them on the GPU whole, once: a fully sharded load is still to do.)
+        osd = None
+        if optimizer.state:
+            # (Not cpu_offload=True: with a full state dict that hands the state to rank 0 alone.)
+            osd = _to_host(get_optimizer_state_dict(model, optimizer, options=full))
+            optimizer.state.clear()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
         for block in model.model.layers:  # one all-gather per block keeps at most one block unsharded
             fully_shard(block)
         fully_shard(model)
@@ -99,6 +108,17 @@ class Parallel:
         shadow.load_state_dict(msd)
         set_optimizer_state_dict(shadow, shadow_opt, osd, options=StateDictOptions(full_state_dict=True))
         return shadow, shadow_opt
+
+
+def _to_host(tree: Any) -> Any:
+    """A copy of a state dict's nested dicts and lists with every tensor in host memory."""
+    if isinstance(tree, torch.Tensor):
+        return tree.cpu()
+    if isinstance(tree, dict):
+        return {k: _to_host(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_to_host(v) for v in tree)
+    return tree
 
 
 def norm_value(t: Any) -> float:

@@ -15,7 +15,7 @@ from ..checkpoint.cycle import push_folder
 from ..checkpoint.pointer import read_pointer, write_pointer
 from ..data.prepare import TOKENIZER_FILE
 from ..errors import BatonError, StoreError
-from ..evaluate.heldout import window_losses
+from ..evaluate.heldout import eval_micro_batch, window_losses
 from ..runtime import dist
 from ..runtime.memory import rss_peak
 from ..versions import versions
@@ -43,7 +43,7 @@ def evaluate(s: Session) -> dict[str, float]:
     all_ids = p.data.val_window_ids()
     ids = all_ids[p.dist.rank :: p.world]
     loss_sum, count = 0.0, 0
-    mb = p.micro_batch
+    mb = eval_micro_batch(p.micro_batch, p.cfg.data.seq_len, p.cfg.model.vocab_size, p.autocast_dtype)
     # Sharded forwards are collectives: every rank runs as many as the busiest rank, the extra ones on
     # a window whose loss is not counted.
     n_fwd = -(-len(all_ids[:: p.world]) // mb) if p.parallel.sharded else -(-len(ids) // mb)
@@ -61,6 +61,8 @@ def evaluate(s: Session) -> dict[str, float]:
     loss_sum = dist.total(loss_sum, p.device)
     count = int(dist.total(count, p.device))
     st.peak_eval = max(st.peak_eval, torch.cuda.max_memory_allocated(p.device) if p.device.type == "cuda" else rss_peak())
+    if p.device.type == "cuda":  # training's high-water mark from here on must not count this evaluation's
+        torch.cuda.reset_peak_memory_stats(p.device)
     if count == 0:
         return {}
     val_loss = loss_sum / count

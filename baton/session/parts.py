@@ -24,7 +24,7 @@ from ..model.llama import build_model, count_parameters, param_count
 from ..model.optimizer import adamw, check_precision
 from ..planning.ledger import SessionLedger
 from ..runtime import attention, autotune, determinism, dist, logs, memory
-from ..runtime.device import pick_device
+from ..runtime.device import pick_device, rank_device
 from ..runtime.flops import FlopsInfo, session_flops
 from ..runtime.parallel import Parallel
 from ..store import RetryPolicy, Store, open_store
@@ -84,8 +84,7 @@ def build(cfg: Config, stop_after: int | None, started: float, deadline: float |
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     info = dist.init(device.type, cfg.train.dist_timeout)
-    if device.type == "cuda":
-        device = torch.device("cuda", info.local_rank)
+    device = rank_device(device, info.local_rank, dist.under_torchrun())
     attention.check(cfg.model.attn, device)  # one line now, not a kernel error after set-up
     logs.setup(info.rank, cfg.run_dir / "logs")
     total_steps = cfg.total_steps

@@ -57,3 +57,34 @@ def test_run_summary_has_the_promised_fields(make_config, baton_cli, tmp_path):
     assert sorted(p.name for p in (tmp_path / "store" / "test" / "ckpt").iterdir()) == ["step-10", "step-20"]
     # local copies were pruned after verification
     assert not any((tmp_path / "runs" / "test" / "ckpt").glob("step-*"))
+
+
+def test_a_flash_attention_2_run_exports_and_evaluates_without_flash_attn(make_config, baton_cli, tmp_path):
+    # Trained where flash-attn runs, exported and evaluated where it is absent (this machine): the weights are
+    # the same, built with SDPA. The checkpoint is the run's own, with the attention its config names changed.
+    import shutil
+
+    from baton.config import load_config
+    from baton.evaluate.run import Plan, evaluate_model
+    from baton.model.export import checkpoint_model
+
+    cfg = str(make_config())
+    baton_cli("train", "-c", cfg, "--no-progress", "--stop-after-steps", "4", check=True)
+    pointer = json.loads((tmp_path / "store" / "test" / "latest.json").read_text())
+    folder = tmp_path / "flash-ckpt"
+    shutil.copytree(tmp_path / "store" / "test" / pointer["path"], folder)
+    state = json.loads((folder / "state.json").read_text())
+    state["config"]["model"]["attn"] = "flash_attention_2"
+    (folder / "state.json").write_text(json.dumps(state))
+
+    out = tmp_path / "exported"
+    p = baton_cli("export", "-c", cfg, "--from", str(folder), "--out", str(out))
+    assert p.returncode == 0, p.stdout + p.stderr
+    exported = AutoModelForCausalLM.from_pretrained(str(out))
+    model, saved = checkpoint_model(load_config(cfg), str(folder), tmp_path / "tmp")
+    assert model.config._attn_implementation == "sdpa" and saved["config"]["model"]["attn"] == "flash_attention_2"
+    for (k, a), (k2, b) in zip(sorted(model.state_dict().items()), sorted(exported.state_dict().items())):
+        assert k == k2 and torch.equal(a, b)
+    # The evaluation of the checkpoint runs on that model too (baton eval and baton publish build it this way).
+    record = evaluate_model(load_config(cfg), Plan(load_config(cfg)), model, saved, None)
+    assert record["heldout"]["windows"] == 16 and record["heldout"]["loss"] > 0

@@ -1,11 +1,11 @@
 """The quota ledger in the store: a killed session still bills to its last heartbeat; totals and caps."""
 
 import json
-from dataclasses import replace
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest

@@ -143,3 +143,17 @@ def test_the_plan_section_says_a_stand_in_s_eta_is_not_the_configured_model_s():
     assert "**0.0071 h** of stepping" in tiny and "**0.0071 GPU-hours** billed" in tiny
     assert "Not the configured model's ETA" in tiny and "not proven for the configured shape" in tiny
     assert "Not the configured model's ETA" not in "\n".join(_plan_section(tp, "real"))
+
+
+def test_the_construct_stage_exercises_what_precision_auto_resolves_to(make_config, tmp_path, monkeypatch):
+    # On a T4 auto is fp16, on Ampere+ bf16: the stage must run that, not fp32. Here the device's answer is
+    # bf16 (what an A100 gives), which autocast also runs on CPU.
+    from baton.preflight import static
+    from baton.preflight.core import Context
+
+    monkeypatch.setattr(static, "resolve_precision", lambda device: "bf16")
+    ctx = Context(config_path=str(make_config()), overrides=["train.precision=auto"], scale="tiny", out=tmp_path,
+                  store_url=str(tmp_path / "store"), leg_steps=2, session_hours=1.0)
+    r = static.stage_construct(ctx)
+    assert r.error is None and r.numbers["precision"]["configured"] == "auto"
+    assert r.numbers["precision"]["tested"] == "bf16"

@@ -181,3 +181,45 @@ def test_micro_batch_flag_is_validated(make_config, baton_cli):
     assert p.returncode == 2
     assert p.stderr.strip().splitlines()[-1] == \
         'baton: error: invalid config: train.micro_batch=\'most\' is neither a number nor "auto"'
+
+
+@pytest.mark.parametrize("setting, tf32", [("tf32", True), ("ieee", False)])
+def test_session_flops_reads_the_new_tf32_switch(monkeypatch, setting, tf32):
+    # Once fp32_precision is set (transformers does on torch >= 2.9), reading allow_tf32 raises.
+    from baton.runtime.flops import session_flops
+
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    try:
+        matmul.fp32_precision = setting
+        info = session_flops(ModelConfig(), 1024, torch.device("cuda", 0), "fp32", 1)
+    finally:
+        matmul.fp32_precision = before  # process-wide: the tests after this one see it as it was
+    assert info.peak_per_device == (494.7 * 1e12 if tf32 else 66.9 * 1e12) and info.device_name == "NVIDIA H100 80GB HBM3"
+
+
+def test_the_micro_batch_probe_takes_every_kind_of_out_of_memory_as_does_not_fit(monkeypatch):
+    # cuBLAS failing to allocate its workspace is a RuntimeError, not torch's OutOfMemoryError: still no fit.
+    from baton.runtime import autotune
+    from baton.runtime.memory import is_oom
+
+    for name in ("empty_cache", "synchronize"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a, **k: 7 * 2**30)
+    model = torch.nn.Linear(2, 2)
+
+    def failing(message: str):
+        def loss(model, x, y):
+            raise RuntimeError(message)
+        return loss
+
+    cublas = "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
+    for message in (cublas, "CUDA error: out of memory", "cuDNN error: CUDNN_STATUS_ALLOC_FAILED"):
+        assert is_oom(RuntimeError(message))
+        got = autotune._try_micro_batch(model, failing(message), 8, 16, torch.device("cpu"), 16 * 2**30)
+        assert got == (False, 7 * 2**30)
+    assert is_oom(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    with pytest.raises(RuntimeError, match="an unrelated kernel failure"):  # not memory: it rises, not "no fit"
+        autotune._try_micro_batch(model, failing("an unrelated kernel failure"), 8, 16, torch.device("cpu"), 2**34)
