@@ -82,9 +82,9 @@ def test_a_flash_attention_2_run_exports_and_evaluates_without_flash_attn(make_c
     assert p.returncode == 0, p.stdout + p.stderr
     exported = AutoModelForCausalLM.from_pretrained(str(out))
     model, saved = checkpoint_model(load_config(cfg), str(folder), tmp_path / "tmp")
-    assert model.config._attn_implementation == "sdpa" and saved["config"]["model"]["attn"] == "flash_attention_2"
+    assert model.config._attn_implementation == "sdpa" and saved.config["model"]["attn"] == "flash_attention_2"
     for (k, a), (k2, b) in zip(sorted(model.state_dict().items()), sorted(exported.state_dict().items())):
         assert k == k2 and torch.equal(a, b)
     # The evaluation of the checkpoint runs on that model too (baton eval and baton publish build it this way).
-    record = evaluate_model(load_config(cfg), Plan(load_config(cfg)), model, saved, None)
-    assert record["heldout"]["windows"] == 16 and record["heldout"]["loss"] > 0
+    record = evaluate_model(load_config(cfg), Plan(load_config(cfg)), model, saved.step, saved.config, None)
+    assert record.heldout["windows"] == 16 and record.heldout["loss"] > 0
