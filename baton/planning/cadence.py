@@ -113,6 +113,9 @@ def auto_cadence(ckpt_seconds: float | None, rate_per_hour: float, why_rate: str
     if not ckpt_seconds:
         return Cadence(0.0, "auto: no checkpoint cycle measured yet (set budget.ckpt_seconds, or train a session): "
                        "checkpoints at session ends until one is", auto=True, rate_per_hour=rate_per_hour)
+    if not rate_per_hour > 0:
+        return Cadence(0.0, "auto: no interruptions expected: checkpoints at session ends only", auto=True,
+                       rate_per_hour=rate_per_hour, ckpt_seconds=ckpt_seconds)
     lam = rate_per_hour / HOUR
     work = optimal_work_seconds(ckpt_seconds, lam)
     young = young_work_seconds(ckpt_seconds, lam)

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from collections.abc import Callable
 from typing import Any
 
 from ..errors import BatonError

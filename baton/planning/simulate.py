@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BatonError
+from .cadence import observe, optimal_work_seconds
 from .plan import HOUR, Cut, PlanInput, cadence_points, iso, plan, split, walk
 
 MAX_RUNS = 1_000_000
@@ -334,3 +335,34 @@ def cadence_curve(si: SimInput, minutes: list[float]) -> dict[str, Any]:
         if a > 0 and b > 0:
             best = float(math.sqrt(a / b) + c_min)
     return {"points": points, "fitted_optimum_minutes": best}
+
+
+def curve_minutes(si: SimInput) -> list[float]:
+    """Cadences around the auto choice for this input (or a spread of them): the simulated curve's grid."""
+    c = si.plan.ckpt_seconds
+    rate = si.interruptions.rate_per_hour
+    if si.interruptions.lifetimes_hours is not None or not rate or not c:
+        return [5.0, 10.0, 20.0, 40.0, 80.0, 160.0]
+    w = optimal_work_seconds(c, rate / 3600)
+    return [round((w * f + c) / 60, 3) for f in (0.25, 0.4, 0.6, 0.8, 1.0, 1.25, 1.6, 2.5, 4.0)]
+
+
+def forecast(inp: Any, records: list[dict[str, Any]], runs: int = 500, curve: bool = False) -> dict[str, Any]:
+    """The simulated finish of a run in progress: from where the store is, at the ledger's interruption rate
+    (``baton status``; with ``curve``, also the cost of each cadence, for ``baton report``). A problem is
+    reported, never raised: the status still shows everything else."""
+    rate, why = observe(records).rate_per_hour(inp.session_hours)
+    si = SimInput(inp, Interruptions(rate_per_hour=rate, source="ledger"), runs=runs)
+    try:
+        r = simulate(si)
+        points = cadence_curve(SimInput(inp, si.interruptions, runs=min(runs, 300)), curve_minutes(si)) \
+            if curve else None
+    except BatonError as e:
+        return {"problem": str(e)}
+    d = r.to_dict()
+    return {"p50": d["finish"]["p50"], "p90": d["finish"]["p90"], "billed_hours_p50": d["billed_hours"]["p50"],
+            "billed_hours_p90": d["billed_hours"]["p90"], "interrupt_rate_per_hour": round(rate, 6), "why": why,
+            "runs": runs, "plan_eta": d["plan"]["eta"], "ckpt_minutes": d["ckpt_minutes"],
+            # 21 quantiles (0 %, 5 %, ..., 100 %) of the finish, epoch seconds: enough to draw its CDF
+            "finish_quantiles": [round(float(x), 1) for x in np.percentile(r.finish, np.arange(0, 101, 5))],
+            "curve": points}

@@ -30,7 +30,7 @@ def gather(cfg: Config) -> dict[str, Any]:
     records, problems = L.read_ledger(store, run)
     # Sessions started in the same second (one process running several) are told apart by their first step.
     records.sort(key=lambda r: (r["started_ts"], r.get("steps_from") or 0))
-    st = status(cfg)
+    st = status(cfg, forecast_curve=True)
     tps = st["tokens_per_step"]
     sessions = []
     for i, rec in enumerate(records, 1):
@@ -56,5 +56,6 @@ def gather(cfg: Config) -> dict[str, Any]:
         "last_train_loss": rows[-1]["loss"] if rows else None,
         "eta": st.get("eta"), "eta_problem": st.get("plan_problem"), "sessions_left": st.get("sessions_left"),
         "stepping_hours_left": st.get("stepping_hours_left"), "ledger": st["ledger"],
+        "simulated": st.get("simulated"), "cadence": st.get("cadence"),
         "problems": problems + ([st["pointer_problem"]] if st.get("pointer_problem") else []),
     }
