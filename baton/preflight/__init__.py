@@ -159,7 +159,7 @@ def _plot_forecast(ctx: Context) -> None:
     """The throughput stage's simulated relay, drawn: the finish date's CDF and the cadence's cost."""
     res = ctx.results.get("throughput")
     sim = res.numbers.get("simulated") if res else None
-    if not sim or sim.get("problem"):
+    if res is None or not sim or sim.get("problem"):
         return
     import numpy as np
 
