@@ -323,3 +323,18 @@ def test_auto_cadence_in_the_config_is_validated_and_printed(baton_cli, tmp_path
     assert sim["ckpt_minutes"] == pytest.approx(want, abs=1e-4) and "at 0.5 interruptions/h" in sim["sources"]["cadence"]
     bad = baton_cli("plan", "-c", str(cfg), "--set", "budget.ckpt_minutes=soon", "--rate", "1")
     _one_line_error(bad, "budget.ckpt_minutes='soon' is neither a number of minutes nor \"auto\"")
+
+
+def test_the_python_api():
+    import baton
+
+    base = dict(steps="3814", tokens_per_step="262144", rate="9696", session_hours="9", margin="30%",
+                ckpt_seconds=16.5, ckpt_every=381, start="2026-09-20T06:00Z")
+    out = baton.simulate(**base, interrupt_rate=0.2, runs=200, curve=True, deadline="2026-09-23T00:00Z")
+    assert out["plan"]["sessions"] == 5 and out["runs"] == 200 and 0 < out["p_deadline"] <= 1
+    assert "| finish |" in out["text"] and out["curve"]["fitted_optimum_minutes"] > 0
+    assert baton.simulate(**base, interrupt_rate=0, runs=5)["finish"]["p50"] == baton.plan(**base)["eta"]
+    with pytest.raises(BatonError, match="simulate: no option bogus"):
+        baton.simulate(bogus=1)
+    with pytest.raises(BatonError, match="interrupt_rate=-1: must be >= 0"):
+        baton.simulate(**base, interrupt_rate=-1)
