@@ -43,7 +43,7 @@ def relay(z: Zygote, argv: list[str], run: str, work: Path, store: Path, rate_pe
           wipe: Path) -> dict:
     """One relay to the horizon: each session killed at an exponential time from its start unless it ends first."""
     view = LocalView(store)
-    billed, lost, kills, sessions = 0.0, 0, 0, 0
+    billed, lost, kills, sessions, spawned = 0.0, 0, 0, 0, []
     while True:
         p = view.read(f"{run}/latest.json")
         if p is not None and json.loads(p).get("complete"):
@@ -51,27 +51,42 @@ def relay(z: Zygote, argv: list[str], run: str, work: Path, store: Path, rate_pe
         sessions += 1
         kill_at = rng.expovariate(rate_per_s)
         t0 = time.monotonic()
+        at = time.time()
         child = z.spawn([*argv, "--set", f"run.name={run}"], work / "out")
+        spawned.append((child.pid, at))
         while child.alive() and time.monotonic() - t0 < kill_at:
             time.sleep(0.005)
         killed = child.alive()
         if killed:
             child.kill()
-        res = child.wait(600)
+        try:
+            res = child.wait(600)
+            rc, err = res.returncode, res.stderr
+        except FileNotFoundError:  # killed so early that it had not opened its output files
+            rc, err = child.status, ""
         billed += time.monotonic() - t0
-        if killed and res.returncode == -9:
+        if killed and rc == -9:
             kills += 1
             rows = read_metrics(wipe / run / "metrics.jsonl")
             reached = rows[-1]["step"] if rows else 0
             p = view.read(f"{run}/latest.json")
             resume = json.loads(p)["step"] if p is not None else 0
             lost += max(0, reached - resume)
-        elif res.returncode != 0:
-            raise RuntimeError(f"session ended {res.returncode}:\n{res.stderr[-2000:]}")
+        elif rc != 0:
+            raise RuntimeError(f"session ended {rc}:\n{err[-2000:]}")
         shutil.rmtree(wipe / run, ignore_errors=True)  # the next machine starts empty
         if sessions > 500:
             raise RuntimeError("no completion after 500 sessions")
-    return {"billed_s": billed, "lost": lost, "kills": kills, "sessions": sessions}
+    return {"billed_s": billed, "lost": lost, "kills": kills, "sessions": sessions, "spawned": spawned}
+
+
+def startups(recs: list[dict], spawned: list[tuple[int, float]]) -> list[float]:
+    """Spawn to first step, per session that reached one (matched by pid: a session killed early has no record).
+    The ledger's own start-up counts from the process's start as /proc gives it, in whole seconds of boot time
+    (it errs early by up to a second); the harness's spawn time is the exact start here."""
+    at = dict(spawned)
+    return [r["started_ts"] + r["startup_seconds"] - at[r["pid"]] for r in recs
+            if r.get("startup_seconds") is not None and r.get("pid") in at]
 
 
 def main() -> int:
@@ -96,10 +111,13 @@ def main() -> int:
         r = z.run(["prepare", "-c", str(cfg), "--no-progress"], work / "out", timeout=1800)
         assert r.returncode == 0, r.stderr[-2000:]
         # Calibration: one uninterrupted session measures what the simulator is fed.
-        walls = []
+        walls, cal_spawn = [], []
         for i in range(2):
             t0 = time.monotonic()
-            r = z.run([*argv, "--set", f"run.name=cal{i}"], work / "out", timeout=1800)
+            t_spawn = time.time()
+            child = z.spawn([*argv, "--set", f"run.name=cal{i}"], work / "out")
+            cal_spawn.append((child.pid, t_spawn))
+            r = child.wait(1800)
             walls.append(time.monotonic() - t0)
             assert r.returncode == 0, r.stderr[-2000:]
         cal = ledger(store, "cal1")[0]
@@ -107,7 +125,7 @@ def main() -> int:
         step_s = tps / cal["tokens_per_s"]
         cycles = [c["seconds"] for c in cal["checkpoints"] if c["verified"]]
         ckpt_s = float(np.mean(cycles))
-        startup_s = cal["startup_seconds"]
+        startup_s = startups([cal], cal_spawn)[0]
         n_cycles = len(cycles)
         from baton.planning.plan import PlanInput, session_seconds
 
@@ -138,7 +156,7 @@ def main() -> int:
         recs = ledger(store, f"relay{i}")
         rates = [r["tokens_per_s"] for r in recs if r.get("tokens_per_s")]
         cyc = [c["seconds"] for r in recs for c in r["checkpoints"] if c["verified"]] or [ckpt_s]
-        ups = [r["startup_seconds"] for r in recs if r.get("startup_seconds") is not None] or [startup_s]
+        ups = startups(recs, x["spawned"]) or [startup_s]
         inp = PlanInput(total_steps=args.steps, tokens_per_step=tps, rate=float(np.median(rates)) if rates else
                         tps / step_s, session_hours=1e4, ckpt_seconds=float(np.mean(cyc)), ckpt_every=args.cadence,
                         startup_seconds=float(np.mean(ups)), start=datetime(2026, 1, 1, tzinfo=timezone.utc))

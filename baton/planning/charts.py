@@ -58,6 +58,11 @@ def plot_cadence(curve: dict[str, Any], chosen_minutes: float, path: Path) -> Pa
         ax.axvline(curve["fitted_optimum_minutes"], color="grey", linestyle=":",
                    label=f"simulated optimum: {curve['fitted_optimum_minutes']:.1f} min")
     ax.set_xscale("log")
+    from matplotlib.ticker import FormatStrFormatter, NullFormatter
+
+    ax.set_xticks(m)
+    ax.xaxis.set_major_formatter(FormatStrFormatter("%.3g"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("minutes between checkpoints")
     ax.set_ylabel("expected hours")
     ax.legend(fontsize=8)

@@ -354,8 +354,10 @@ def forecast(inp: Any, records: list[dict[str, Any]], runs: int = 500, curve: bo
     (``baton status``; with ``curve``, also the cost of each cadence, for ``baton report``). A problem is
     reported, never raised: the status still shows everything else."""
     rate, why = observe(records).rate_per_hour(inp.session_hours)
-    si = SimInput(inp, Interruptions(rate_per_hour=rate, source="ledger"), runs=runs)
     try:
+        # A plan of many sessions costs as many walks per run: fewer runs then, so a status stays quick.
+        runs = max(50, min(runs, 100_000 // max(1, len(plan(inp).sessions))))
+        si = SimInput(inp, Interruptions(rate_per_hour=rate, source="ledger"), runs=runs)
         r = simulate(si)
         points = cadence_curve(SimInput(inp, si.interruptions, runs=min(runs, 300)), curve_minutes(si)) \
             if curve else None
