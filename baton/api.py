@@ -236,36 +236,70 @@ def status(cfg: Config) -> dict[str, Any]:
     return run_status(cfg)
 
 
+def _options(name: str, add_options: Any, options: dict[str, Any]) -> Any:
+    """``options`` (a command's flags, with underscores) parsed as that command's flags are."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=f"baton.{name}", add_help=False)
+    add_options(parser)  # the command's flags, with their defaults and their own parsers
+    args = parser.parse_args([])
+    actions = {a.dest: a for a in parser._actions if a.dest != "tripwire"}
+    unknown = sorted(set(options) - set(actions))
+    if unknown:
+        raise BatonError(f"{name}: no option {', '.join(unknown)} (valid: {', '.join(sorted(actions))})")
+    for key, value in options.items():
+        action = actions[key]
+        if isinstance(action, argparse._StoreTrueAction):
+            setattr(args, key, bool(value))
+            continue
+        kind = action.type  # the flag's own parser (checked numbers); durations and counts stay text
+        try:
+            setattr(args, key, None if value is None else kind(str(value)) if callable(kind) else str(value))
+        except argparse.ArgumentTypeError as e:
+            raise BatonError(f"{name}: {key}={value!r}: {e}") from None
+    return args
+
+
 def plan(cfg: Config | None = None, **options: Any) -> dict[str, Any]:
     """Sessions, calendar and GPU-hours for the run, as ``baton plan --json`` (without tripwires).
 
     ``options`` are ``baton plan``'s flags with underscores: ``rate="7.7k"``, ``session_hours=12``,
     ``target_tokens="1B"``, ``quota_hours=30``, ... The result's ``"text"`` is the table the CLI prints.
     """
-    import argparse
-
     from .planning.plan import plan as make_plan
     from .views.plan import format_plan, plan_input, plan_options
 
     if cfg is not None:
         _config(cfg, "plan")
     _console()
-    parser = argparse.ArgumentParser(prog="baton.plan", add_help=False)
-    plan_options(parser)  # the flags of `baton plan`, with their defaults and their own parsers
-    args = parser.parse_args([])
-    actions = {a.dest: a for a in parser._actions if a.dest != "tripwire"}
-    unknown = sorted(set(options) - set(actions))
-    if unknown:
-        raise BatonError(f"plan: no option {', '.join(unknown)} (valid: {', '.join(sorted(actions))})")
-    for key, value in options.items():
-        kind = actions[key].type  # the flag's own parser (checked numbers); durations and counts stay text
-        try:
-            setattr(args, key, None if value is None else kind(str(value)) if callable(kind) else str(value))
-        except argparse.ArgumentTypeError as e:
-            raise BatonError(f"plan: {key}={value!r}: {e}") from None
-    inp, sources, _ = plan_input(args, cfg)
+    inp, sources, _ = plan_input(_options("plan", plan_options, options), cfg)
     p = make_plan(inp)
     return p.to_dict() | {"sources": sources, "text": format_plan(p, sources)}
+
+
+def simulate(cfg: Config | None = None, **options: Any) -> dict[str, Any]:
+    """The relay on a simulated clock, as ``baton simulate --json``: P10/P50/P90 of the finish date, billed
+    GPU-hours, sessions and steps lost, and the chances of the deadline and the cap.
+
+    ``options`` are ``baton simulate``'s flags with underscores: the plan's (``rate="7.7k"``,
+    ``session_hours=12``, ...) and ``runs``, ``seed``, ``interrupt_rate`` (per hour), ``trace`` ("ledger" or a
+    file of session lifetimes), ``outage_rate``, ``outage_minutes``, ``curve``. The result's ``"text"`` is the
+    table the CLI prints.
+    """
+    from dataclasses import replace
+
+    from .planning.simulate import cadence_curve, curve_minutes
+    from .planning.simulate import simulate as run_simulation
+    from .views.simulate import format_sim, sim_input, sim_options
+
+    if cfg is not None:
+        _config(cfg, "simulate")
+    _console()
+    args = _options("simulate", sim_options, options)
+    si, sources = sim_input(args, cfg)
+    r = run_simulation(si)
+    curve = cadence_curve(replace(si, runs=min(si.runs, 500)), curve_minutes(si)) if args.curve else None
+    return r.to_dict() | {"sources": sources, "curve": curve, "text": format_sim(r, sources, curve)}
 
 
 def export(cfg: Config, out: str | Path, source: str = "store", step: int | None = None, *,

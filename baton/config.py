@@ -156,7 +156,7 @@ class BudgetConfig:
 
     session_hours: float = 0.0  # stop in time to checkpoint within H hours of `baton train` starting (0 = no limit)
     margin_minutes: float = 5.0  # kept free before the deadline, on top of the measured step and checkpoint times
-    ckpt_minutes: float = 0.0  # also checkpoint when M minutes passed since the last one (0 = step cadence only)
+    ckpt_minutes: float | str = 0.0  # also checkpoint when M minutes passed since the last one began (0 = step cadence only; "auto" = chosen from the ledger's interruptions and checkpoint times)
     ckpt_seconds: float = 0.0  # expected checkpoint cycle before one is measured (0 = a slow guess from the model size)
     startup_minutes: float = 0.0  # plan: time per session before the first step (install, pull, build)
     heartbeat_minutes: float = 10.0  # ledger heartbeat between checkpoints (0 = at checkpoints only)
@@ -544,9 +544,12 @@ def _semantic_problems(cfg: Config) -> list[str]:
     p.extend(_data_url_problems(d, s))
     p.extend(_publish_problems(cfg))
     b = cfg.budget
+    if isinstance(b.ckpt_minutes, str) and b.ckpt_minutes != "auto":
+        p.append(f"budget.ckpt_minutes={b.ckpt_minutes!r} is neither a number of minutes nor \"auto\" (chosen from "
+                 "the measured checkpoint cycle and the interruptions in the ledger)")
     for k in ("session_hours", "margin_minutes", "ckpt_minutes", "ckpt_seconds", "startup_minutes",
               "heartbeat_minutes", "bill_factor", "quota_hours", "cap_hours"):
-        if getattr(b, k) is not None and getattr(b, k) < 0:
+        if isinstance(getattr(b, k), (int, float)) and getattr(b, k) < 0:
             p.append(f"budget.{k} must be >= 0, got {getattr(b, k)}")
     if b.quota_period_days is not None and b.quota_period_days <= 0:
         p.append(f"budget.quota_period_days must be > 0, got {b.quota_period_days}")

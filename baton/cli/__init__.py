@@ -143,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .plan import add_plan_parsers
 
     add_plan_parsers(sub, _config_args)
+    from .simulate import add_simulate_parser
+
+    add_simulate_parser(sub, _config_args)
 
     p = sub.add_parser("preflight", help="prove every property on this machine, cheaply, and write a report")
     _config_args(p)
@@ -375,6 +378,12 @@ def cmd_plan(args) -> int:
     return run_plan(args, _load(args) if args.config else None)
 
 
+def cmd_simulate(args) -> int:
+    from .simulate import run_simulate
+
+    return run_simulate(args, _load(args) if args.config else None)
+
+
 def cmd_ledger(args) -> int:
     from .status import run_ledger
 
@@ -423,6 +432,7 @@ def cmd_preflight(args) -> int:
 COMMANDS = {
     "bench": cmd_bench,
     "plan": cmd_plan,
+    "simulate": cmd_simulate,
     "ledger": cmd_ledger,
     "status": cmd_status,
     "report": cmd_report,

@@ -72,6 +72,14 @@ def run_status(args, cfg: Config) -> int:
         print(f"ETA: {s['plan_problem']}")
     elif s["steps_left"] and s["rate_tokens_per_s"]:
         print("ETA: set budget.session_hours for a calendar (baton plan shows the sessions)")
+    sim = s.get("simulated")
+    if sim:
+        print(f"simulated finish: {sim['problem']}" if sim.get("problem") else
+              f"simulated finish: P50 {sim['p50']}, P90 {sim['p90']} ({sim['runs']} runs at "
+              f"{sim['interrupt_rate_per_hour']:.3g} interruptions/h: {sim['why']})")
+    cad = s.get("cadence")
+    if cad and (cad["auto"] or cad["ckpt_minutes"]):
+        print(f"checkpoint cadence: {cad['reason']}")
     d = s["data"]
     if d["problem"]:
         print(f"data: PROBLEM: {d['problem']}")

@@ -4,14 +4,19 @@ Pure arithmetic (no torch): every number `baton plan` prints comes from here, so
 them exactly. Times are seconds internally and hours on output; instants are timezone-aware UTC.
 
 A session's wall clock is ``startup + steps x step_time + checkpoints x cycle_time``: one checkpoint at
-every multiple of ``ckpt_every`` inside the session, one at its end, and one more at the horizon for
-the exported model. A session must fit ``session_hours - margin``.
+every multiple of ``ckpt_every`` inside the session (and, with a timed cadence ``ckpt_every_s``, one whenever
+that long passed since the last one began, as the session's clock decides), one at its end, and one more at
+the horizon for the exported model. A session must fit ``session_hours - margin``.
+
+``plan`` walks the sessions over the calendar with ``walk``; the simulator (``planning.simulate``) walks the
+same calendar with sessions cut short, so the two agree exactly when nothing is cut.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -108,6 +113,7 @@ class PlanInput:
     startup_seconds: float = 0.0  # per session, before the first step (install, pull, build)
     ckpt_seconds: float = 0.0  # one checkpoint cycle: save, push, verify, pointer, prune
     ckpt_every: int = 0  # step cadence of intermediate checkpoints (0 = only at session ends)
+    ckpt_every_s: float = 0.0  # timed cadence (budget.ckpt_minutes): a checkpoint once this long passed since the last
     start_step: int = 0
     target_tokens: int = 0  # the goal the horizon was derived from (0 = the horizon itself)
     quota_hours: float = 0.0  # billed hours per quota period (0 = no quota)
@@ -144,7 +150,8 @@ class PlanInput:
                             f"({self.session_hours:.2f} h)")
         if not 0 <= self.start_step <= self.total_steps:
             problems.append(f"the start step {self.start_step} is outside 0..{self.total_steps}")
-        if min(self.startup_seconds, self.ckpt_seconds, self.ckpt_every, self.gap_hours, self.used_hours) < 0:
+        if min(self.startup_seconds, self.ckpt_seconds, self.ckpt_every, self.ckpt_every_s, self.gap_hours,
+               self.used_hours) < 0:
             problems.append("startup, checkpoint time, cadence, gap and hours used must be >= 0")
         if self.quota_hours < 0 or self.quota_period_hours <= 0 or self.bill_factor <= 0:
             problems.append("quota hours must be >= 0, the quota period and the bill factor > 0")
@@ -161,9 +168,46 @@ def checkpoints_in(a: int, b: int, every: int, total: int) -> int:
     return inner + 1 + (1 if b == total else 0)
 
 
+def cadence_points(inp: PlanInput, a: int, b: int) -> list[int]:
+    """The steps inside a session over [a, b) at which a cadence checkpoint runs (the end's is not one).
+
+    Multiples of ``ckpt_every``; with a timed cadence also the first boundary at which ``ckpt_every_s`` has
+    passed since the last checkpoint began (the session's clock starts at its first step, and every
+    checkpoint, whatever its reason, starts it again: ``session.clock.TimeBudget``).
+    """
+    every, tau, s, c = inp.ckpt_every, inp.ckpt_every_s, inp.step_seconds, inp.ckpt_seconds
+    out: list[int] = []
+    if tau <= 0:
+        return list(range((a // every + 1) * every, b, every)) if every > 0 else []
+    first = max(1, math.ceil(tau / s - 1e-9))  # steps from the session's first step to the first timed one
+    after = max(1, math.ceil((tau - c) / s - 1e-9))  # steps from a checkpoint to the next timed one
+    if every <= 0:
+        return list(range(a + first, b, after))
+    m = a + first
+    while True:
+        nxt = (out[-1] if out else a) // every * every + every if every > 0 else b
+        m_step = min(m, nxt)
+        if m_step >= b:
+            return out
+        out.append(m_step)
+        m = m_step + after
+
+
+def cycles(inp: PlanInput, a: int, b: int) -> int:
+    """Checkpoint cycles of a session over [a, b): its cadence points, its end, and the export at the horizon."""
+    if inp.ckpt_every_s <= 0:
+        return checkpoints_in(a, b, inp.ckpt_every, inp.total_steps)
+    if inp.ckpt_every > 0:
+        inner = len(cadence_points(inp, a, b))
+    else:  # the timed points alone, counted without listing them (the planner asks for many ranges)
+        first = max(1, math.ceil(inp.ckpt_every_s / inp.step_seconds - 1e-9))
+        after = max(1, math.ceil((inp.ckpt_every_s - inp.ckpt_seconds) / inp.step_seconds - 1e-9))
+        inner = 0 if a + first >= b else 1 + (b - 1 - a - first) // after
+    return inner + 1 + (1 if b == inp.total_steps else 0)
+
+
 def session_seconds(inp: PlanInput, a: int, b: int) -> float:
-    return inp.startup_seconds + (b - a) * inp.step_seconds + checkpoints_in(a, b, inp.ckpt_every,
-                                                                           inp.total_steps) * inp.ckpt_seconds
+    return inp.startup_seconds + (b - a) * inp.step_seconds + cycles(inp, a, b) * inp.ckpt_seconds
 
 
 def capacity(inp: PlanInput, a: int, limit_seconds: float | None = None) -> int:
@@ -173,6 +217,13 @@ def capacity(inp: PlanInput, a: int, limit_seconds: float | None = None) -> int:
     if room < inp.step_seconds:
         return 0
     n = min(int(room // inp.step_seconds), inp.total_steps - a)
+    if inp.ckpt_every_s > 0:
+        # A timed cadence adds a cycle every few steps: bisect (the session's length only grows with its steps).
+        lo, hi = 0, n
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if session_seconds(inp, a, a + mid) <= limit else (lo, mid - 1)
+        return lo
     while n > 0 and session_seconds(inp, a, a + n) > limit:
         n -= 1  # each cadence checkpoint inside costs one cycle; at most a few iterations
     return n
@@ -295,6 +346,22 @@ class Plan:
         }
 
 
+@dataclass
+class Cut:
+    """A session that ended before its planned end: after ``seconds`` of wall clock, with the run resuming
+    at ``resume_step`` (the last checkpoint it verified) and ``reached_step`` trained when it ended."""
+
+    seconds: float
+    resume_step: int
+    reached_step: int
+    note: str = "interrupted"
+
+
+# What decides whether a session runs as planned: (session number, start step, planned end step, planned
+# seconds) -> None (it runs to its planned end) or the Cut that ended it.
+Cutter = Callable[[int, int, int, float], "Cut | None"]
+
+
 def plan(inp: PlanInput) -> Plan:
     """Sessions with contiguous step ranges from ``start_step`` to the horizon, placed on a calendar.
 
@@ -303,25 +370,36 @@ def plan(inp: PlanInput) -> Plan:
     left) or waits for the next reset; the steps after a shortened session are split again.
     """
     inp.check()
+    return walk(inp)
+
+
+def walk(inp: PlanInput, cut: Cutter | None = None, splitter: Callable[[int], list[tuple[int, int]]] | None = None,
+         max_sessions: int = MAX_SESSIONS) -> Plan:
+    """The plan's calendar, session by session (``plan``); ``cut`` may end any session early, after which the
+    steps from its resume point are split again, as after a session the quota shortened. ``splitter(a)``:
+    ``split(inp, a, total)``, given by a caller that caches it."""
+    resplit = splitter or (lambda a: split(inp, a, inp.total_steps))
     quota = None
     if inp.quota_hours > 0:
         quota = Quota(inp.quota_hours, timedelta(hours=inp.quota_period_hours), inp.quota_reset or inp.start)
     warnings: list[str] = []
-    if quota and inp.used_hours > inp.quota_hours:
+    if quota and inp.used_hours > inp.quota_hours and cut is None:
         # A session that ran on past the quota (platforms let a running one finish) leaves the period
         # overdrawn: nothing more fits before the reset, which is where the plan starts.
         warnings.append(f"{inp.used_hours:.2f} h used is more than the quota of {inp.quota_hours:g} h: the plan "
                         f"starts at the next reset, {iso(quota.period_end(inp.start))}")
-    pending = split(inp, inp.start_step, inp.total_steps)
+    pending = resplit(inp.start_step)
     sessions: list[SessionPlan] = []
     t = inp.start
     used = inp.used_hours
     period_end = quota.period_end(t) if quota else None
     waited = False  # the next session starts at a quota reset, not when the previous one ended
     while pending:
-        if len(sessions) >= MAX_SESSIONS:
-            raise BatonError(f"the plan needs more than {MAX_SESSIONS:,} sessions under a quota of "
-                             f"{inp.quota_hours:g} h per period: check the horizon, the rate and the quota")
+        if len(sessions) >= max_sessions:
+            raise BatonError(f"the plan needs more than {max_sessions:,} sessions"
+                             + (f" under a quota of {inp.quota_hours:g} h per period" if quota else "")
+                             + ": check the horizon, the rate" + (" and the quota" if quota else "")
+                             + (" and the interruptions" if cut else ""))
         a, b = pending[0]
         note = "waits for the quota reset" if waited else ""
         if quota:
@@ -345,10 +423,14 @@ def plan(inp: PlanInput) -> Plan:
                     waited = True
                     continue  # wait for the reset, then try the same range again
         seconds = session_seconds(inp, a, b)
+        ended = cut(len(sessions), a, b, seconds) if cut is not None else None
+        if ended is not None:
+            seconds = ended.seconds
+            note = "; ".join(filter(None, [note, ended.note]))
         billed = seconds / HOUR * inp.bill_factor
         end = t + timedelta(seconds=seconds)
-        sessions.append(SessionPlan(len(sessions) + 1, a, b, seconds / HOUR, billed, t, end,
-                                    checkpoints_in(a, b, inp.ckpt_every, inp.total_steps), note))
+        sessions.append(SessionPlan(len(sessions) + 1, a, ended.reached_step if ended else b, seconds / HOUR, billed,
+                                    t, end, cycles(inp, a, b) if ended is None else 0, note))
         if quota and period_end is not None and end > period_end:  # period_end is None only without a quota
             # Platforms meter continuously: the part after the reset counts against the new period.
             new_start = quota.period_start(end)
@@ -357,8 +439,12 @@ def plan(inp: PlanInput) -> Plan:
         else:
             used += billed
         pending.pop(0)
+        if ended is not None:
+            pending = resplit(ended.resume_step)
         waited = False
         t = end + timedelta(hours=inp.gap_hours)
+    if cut is not None:
+        return Plan(inp, sessions, warnings)
     total = sum(s.billed_hours for s in sessions)
     if inp.cap_left_hours is not None and total > inp.cap_left_hours:
         left = inp.cap_left_hours

@@ -71,6 +71,7 @@ def run_preflight(config: str, out: Path, stages: list[str], scale: str = "tiny"
         log.info("preflight: %s %s in %.1fs%s", name, result.status.upper(), result.seconds,
                  f" ({result.error})" if result.error else "")
     _plot_throughput(ctx)
+    _plot_forecast(ctx)
     rows = scorecard(ctx.results)
     verdict = "PASS" if all(r["result"] != "fail" for r in rows) and any(r["result"] == "pass" for r in rows) else "FAIL"
     doc = {
@@ -152,3 +153,21 @@ def _plot_throughput(ctx: Context) -> None:
     fig.savefig(ctx.out / "throughput.png", dpi=110)
     plt.close(fig)
     res.artifacts.append("throughput.png")
+
+
+def _plot_forecast(ctx: Context) -> None:
+    """The throughput stage's simulated relay, drawn: the finish date's CDF and the cadence's cost."""
+    res = ctx.results.get("throughput")
+    sim = res.numbers.get("simulated") if res else None
+    if res is None or not sim or sim.get("problem"):
+        return
+    import numpy as np
+
+    from ..planning.charts import plot_cadence, plot_finish_cdf
+    from ..planning.plan import parse_instant
+
+    plot_finish_cdf(np.asarray(sim["finish_quantiles"]), ctx.out / "finish.png", planned=parse_instant(sim["plan_eta"]))
+    res.artifacts.append("finish.png")
+    if sim.get("curve"):
+        plot_cadence(sim["curve"], sim["ckpt_minutes"], ctx.out / "cadence.png")
+        res.artifacts.append("cadence.png")

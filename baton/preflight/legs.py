@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,20 @@ def stage_throughput(ctx: Context) -> StageResult:
     p = plan(PlanInput(total_steps=real.total_steps, tokens_per_step=real.tokens_per_step, rate=best.tokens_per_s,
                        session_hours=ctx.session_hours, margin_hours=min(0.25, ctx.session_hours / 10)))
     r.numbers["plan"] = p.to_dict()
+    # The same plan with sessions cut at random: no ledger yet, so at the cautious rate (as if every session could
+    # be the one cut), with the checkpoint cycle and the cold pull the storage stage measured, if it ran.
+    from ..planning.simulate import forecast
+
+    st = ctx.results.get("storage")
+    cycle = st.numbers.get("save_seconds", 0) + st.numbers.get("push_verify_seconds", 0) if st else 0.0
+    startup = st.numbers.get("cold_pull_seconds", 0.0) if st else 0.0
+    from ..planning.cadence import resolve_cadence
+
+    cadence = resolve_cadence(real.budget.ckpt_minutes, [], cycle, ctx.session_hours, p.input.usable_seconds / 3600)
+    r.numbers["cadence"] = cadence.to_dict()
+    r.numbers["simulated"] = forecast(replace(p.input, ckpt_seconds=cycle, startup_seconds=startup,
+                                              ckpt_every=real.train.ckpt_every, ckpt_every_s=cadence.minutes * 60),
+                                      [], runs=300, curve=bool(cycle))
     r.check("the plan's sessions are contiguous and end at the horizon",
             p.sessions[0].start_step == 0 and p.sessions[-1].stop_after_steps == real.total_steps
             and all(a.stop_after_steps == b.start_step for a, b in zip(p.sessions, p.sessions[1:])),

@@ -144,6 +144,8 @@ def _trim(numbers: dict[str, Any]) -> dict[str, Any]:
         out["schedule"] = {k: v for k, v in out["schedule"].items() if k != "plot"}  # drawn above instead
     if isinstance(out.get("loss_trace"), list) and len(out["loss_trace"]) > 12:
         out["loss_trace"] = out["loss_trace"][:6] + ["…"] + out["loss_trace"][-6:]
+    if isinstance(out.get("simulated"), dict):
+        out["simulated"] = {k: v for k, v in out["simulated"].items() if k not in ("finish_quantiles", "curve")}
     if isinstance(out.get("plan"), dict):
         out["plan"] = {k: v for k, v in out["plan"].items() if k != "sessions"}
     return out
@@ -167,6 +169,14 @@ def _plan_section(tp: dict[str, Any], scale: str) -> list[str]:
         lines += ["**Not the configured model's ETA:** at `--scale tiny` the rate is the stand-in model's, so these "
                   "hours, GPU-hours and this ETA are not proven for the configured shape; `--scale real` on the "
                   "target machine measures them.", ""]
+    sim = (tp.get("numbers") or {}).get("simulated") or {}
+    if sim.get("p50"):
+        lines += [f"Simulated with sessions cut at random ({sim['runs']} runs, {sim['interrupt_rate_per_hour']:.3g} "
+                  f"interruptions per session hour: {sim['why']}): finish P50 {sim['p50']}, P90 {sim['p90']}; "
+                  f"{_hours(sim['billed_hours_p50'])} to {_hours(sim['billed_hours_p90'])} GPU-hours (P50 to P90); "
+                  "`baton simulate` for other rates.", ""]
+    elif sim.get("problem"):
+        lines += [f"Not simulated: {sim['problem']}", ""]
     lines += ["| session | steps | stop_after_steps | hours |", "|---|---|---|---|"]
     for s in p["sessions"][:20]:
         lines.append(f"| {s['session']} | {s['start_step']:,} → {s['stop_after_steps']:,} | {s['stop_after_steps']} | "

@@ -28,7 +28,7 @@ def gather(cfg: Config) -> dict[str, Any]:
             if key in store.list(f"{run}/{pointer.path}/", checksums=False):
                 store.get_file(key, Path(tmp) / METRICS_FILE)
                 rows = read_rows(Path(tmp) / METRICS_FILE)
-    st = status(cfg)
+    st = status(cfg, forecast_curve=True)
     tps = st["tokens_per_step"]
     sessions = []
     for i, rec in enumerate(history.sessions, 1):
@@ -56,5 +56,6 @@ def gather(cfg: Config) -> dict[str, Any]:
         "last_train_loss": rows[-1]["loss"] if rows else None,
         "eta": st.get("eta"), "eta_problem": st.get("plan_problem"), "sessions_left": st.get("sessions_left"),
         "stepping_hours_left": st.get("stepping_hours_left"), "ledger": st["ledger"],
+        "simulated": st.get("simulated"), "cadence": st.get("cadence"),
         "problems": history.ledger_problems,
     }

@@ -58,6 +58,7 @@ def write_report(doc: dict[str, Any], out: Path) -> Path:
                   "|---|---|---|---|"]
         lines += [f"| {p['step']} | {p['loss']:.4f} | {p['score']:.1f} | {p['windows']} |" for p in doc["spikes"]]
         lines.append("")
+    lines += _forecast(doc, out, plots)
     lines += ["## Plots", ""] + [f"![{k}]({p.name})" for k, p in plots.items()]
     if doc["problems"]:
         lines += ["", "## Problems", ""] + [f"- {p}" for p in doc["problems"]]
@@ -65,3 +66,30 @@ def write_report(doc: dict[str, Any], out: Path) -> Path:
     (out / "report.json").write_text(json.dumps({k: v for k, v in doc.items() if k != "rows"}, indent=1),
                                      encoding="utf-8")
     return out / "report.md"
+
+
+def _forecast(doc: dict[str, Any], out: Path, plots: dict[str, Path]) -> list[str]:
+    """The simulated finish from here (``baton simulate`` at the ledger's interruption rate) and the cadence's cost."""
+    sim = doc.get("simulated")
+    if not sim:
+        return []
+    if sim.get("problem"):
+        return ["## Forecast", "", f"Not simulated: {sim['problem']}", ""]
+    import numpy as np
+
+    from ..planning.charts import plot_cadence, plot_finish_cdf
+    from ..planning.plan import parse_instant
+
+    planned = parse_instant(sim["plan_eta"]) if sim.get("plan_eta") else None
+    plots["finish"] = plot_finish_cdf(np.asarray(sim["finish_quantiles"]), out / "finish.png", planned=planned)
+    if sim.get("curve"):
+        plots["cadence"] = plot_cadence(sim["curve"], sim["ckpt_minutes"], out / "cadence.png")
+    lines = ["## Forecast", "",
+             f"Simulated from the store's pointer ({sim['runs']} runs at {sim['interrupt_rate_per_hour']:.3g} "
+             f"interruptions per session hour: {sim['why']}): finish P50 {sim['p50']}, P90 {sim['p90']}; "
+             f"{sim['billed_hours_p50']:.2f} (P50) to {sim['billed_hours_p90']:.2f} (P90) more GPU-hours billed. "
+             f"Without interruptions: {sim['plan_eta']}."]
+    cad = doc.get("cadence")
+    if cad and (cad["auto"] or cad["ckpt_minutes"]):
+        lines.append(f"Checkpoint cadence: {cad['reason']}.")
+    return lines + [""]

@@ -237,12 +237,31 @@ class Session:
         if not guess:
             guess, source = guess_checkpoint_seconds(p.n_params), "a guess from the model size"
         eval_steps = p.cfg.data.val_windows / p.cfg.train.global_batch / 3
-        budget = TimeBudget(self.deadline, b.margin_minutes * 60, guess, b.ckpt_minutes * 60, eval_steps=eval_steps)
+        minutes = self._cadence_minutes(guess, source) if b.ckpt_minutes == "auto" else float(b.ckpt_minutes)
+        budget = TimeBudget(self.deadline, b.margin_minutes * 60, guess, minutes * 60, eval_steps=eval_steps)
         if self.deadline is not None and p.dist.is_main:
             log.info("time budget: stop by %s, keeping %.1f s for the final checkpoint (%s, until measured) and "
                      "%.0f s margin", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.deadline)),
                      budget.ckpt_estimate, source, budget.margin_s)
         return budget
+
+    def _cadence_minutes(self, ckpt_seconds: float, source: str) -> float:
+        """budget.ckpt_minutes = "auto": chosen on rank 0 (whose clock alone decides a timed checkpoint) from the
+        ledger's interruptions and the checkpoint cycle (``planning.cadence``)."""
+        p = self.parts
+        if not p.dist.is_main:
+            return 0.0
+        from ..planning.cadence import resolve_cadence
+
+        try:
+            records = read_ledger(p.store, p.run)[0]
+        except BatonError as e:
+            log.warning("could not read the ledger for the interruption rate (%s)", e)
+            records = []
+        hours = (self.deadline - self.t_start) / 3600 if self.deadline is not None else 0.0
+        cadence = resolve_cadence("auto", records, ckpt_seconds, hours, hours, source)
+        log.info("checkpoint cadence: %s", cadence.reason)
+        return cadence.minutes
 
     def end_ledger(self, outcome: str) -> None:
         ledger = self.parts.ledger

@@ -3,6 +3,7 @@ and the plan as the table ``baton plan`` prints; ``baton.plan`` returns both."""
 
 from __future__ import annotations
 
+import math
 import sys
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -33,6 +34,9 @@ def plan_options(p) -> None:
     g.add_argument("--ckpt-seconds", type=finite_float(0.0), default=None, metavar="S",
                    help="one checkpoint cycle (default: measured)")
     g.add_argument("--ckpt-every", type=count(0), default=None, metavar="N", help="checkpoint cadence in steps")
+    g.add_argument("--ckpt-minutes", default=None, metavar="M|auto",
+                   help="timed checkpoint cadence (default: budget.ckpt_minutes); auto: chosen from the measured cycle "
+                        "and the ledger's interruptions")
     g.add_argument("--gap", default="0", metavar="D", help="between sessions, e.g. 10m")
     g = p.add_argument_group("quota and calendar (default: the config's [budget] and the ledger)")
     g.add_argument("--quota-hours", default=None, metavar="H", help="billed hours per period, e.g. 30")
@@ -147,8 +151,10 @@ def plan_input(args, cfg: Config | None) -> tuple[PlanInput, dict[str, str], lis
                 raise BatonError(f"{e} (pass --start-step to plan anyway)") from None
             if pointer:
                 start_step, src["start_step"] = min(pointer.step, total), "the store's pointer"
+    cadence = _cadence(args, b, records, ckpt, src, hours, margin)
     inp = PlanInput(
         total_steps=total, tokens_per_step=tps, rate=rate, session_hours=hours, margin_hours=margin,
+        ckpt_every_s=cadence.minutes * 60,
         startup_seconds=_startup(args, b, records, src),
         ckpt_seconds=ckpt or 0.0,
         ckpt_every=args.ckpt_every if args.ckpt_every is not None else (cfg.train.ckpt_every if cfg else 0),
@@ -160,6 +166,29 @@ def plan_input(args, cfg: Config | None) -> tuple[PlanInput, dict[str, str], lis
         gap_hours=parse_hours(args.gap, "--gap"), start=start,
         deadline=parse_instant(args.deadline, "--deadline") if args.deadline else None)
     return inp, src, records
+
+
+def _cadence(args, b, records: list[L.LedgerRecord], ckpt: float | None, src: dict[str, str], hours: float,
+             margin: float):
+    """The timed checkpoint cadence: --ckpt-minutes, else budget.ckpt_minutes; "auto" chosen from the ledger."""
+    from ..planning.cadence import resolve_cadence
+
+    setting: float | str = b.ckpt_minutes if b else 0.0
+    if args.ckpt_minutes is not None:
+        text = str(args.ckpt_minutes).strip().lower()
+        if text == "auto":
+            setting = "auto"
+        else:
+            try:
+                setting = float(text)
+            except ValueError:
+                setting = -1.0
+            if not (math.isfinite(setting) and setting >= 0):
+                raise BatonError(f"--ckpt-minutes {args.ckpt_minutes!r} is neither a number of minutes >= 0 nor auto")
+    cadence = resolve_cadence(setting, records, ckpt, hours, hours - margin, src.get("ckpt", "given"))
+    if setting == "auto" or cadence.minutes:
+        src["cadence"] = cadence.reason
+    return cadence
 
 
 def _startup(args, b, records: list[L.LedgerRecord], src: dict[str, str]) -> float:
@@ -192,10 +221,13 @@ def format_plan(p, src: dict[str, str]) -> str:
         f"{_h(p.stepping_hours)} h of stepping",
         f"sessions of {i.session_hours:g} h with {_h(i.margin_hours)} h margin = {_h(i.usable_seconds / HOUR)} h "
         f"usable; checkpoint cycle {i.ckpt_seconds:g} s ({src.get('ckpt', 'given')})"
-        + (f" every {i.ckpt_every} steps" if i.ckpt_every else " at session ends")
+        + (f" every {i.ckpt_every} steps" if i.ckpt_every else "" if i.ckpt_every_s else " at session ends")
+        + (f"{' and' if i.ckpt_every else ''} every {i.ckpt_every_s / 60:.3g} min" if i.ckpt_every_s else "")
         + (f"; startup {i.startup_seconds / 60:.3g} min ({src.get('startup', 'given')})" if i.startup_seconds
            else ""),
     ]
+    if src.get("cadence"):
+        lines.append(f"checkpoint cadence: {src['cadence']}")
     if i.quota_hours:
         lines.append(f"quota: {i.quota_hours:g} h per {i.quota_period_hours / 24:g} days, resetting at "
                      f"{iso(i.quota_reset or i.start)}; {i.used_hours:.2f} h used this period "

@@ -14,7 +14,7 @@ from ..planning.plan import HOUR, PlanInput, iso, plan
 from ..store import RetryPolicy, open_store
 
 
-def status(cfg: Config) -> dict[str, Any]:
+def status(cfg: Config, forecast_curve: bool = False) -> dict[str, Any]:
     from ..checkpoint.history import read_history
 
     store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
@@ -46,15 +46,25 @@ def status(cfg: Config) -> dict[str, Any]:
         quota = L.quota_from(b)
         now = datetime.now(timezone.utc)
         t = L.totals(records, quota, b.cap_hours, now)
-        p = _plan_or_problem(out, PlanInput(
+        ckpt_s = b.ckpt_seconds or L.checkpoint_seconds(records) or 0.0
+        from ..planning.cadence import resolve_cadence
+
+        cadence = resolve_cadence(b.ckpt_minutes, records, ckpt_s, b.session_hours,
+                                  b.session_hours - b.margin_minutes / 60)
+        out["cadence"] = cadence.to_dict()
+        inp = PlanInput(
             total_steps=cfg.total_steps, tokens_per_step=cfg.tokens_per_step, rate=rate,
             session_hours=b.session_hours, margin_hours=b.margin_minutes / 60,
             startup_seconds=b.startup_minutes * 60 or L.startup_seconds(records)[0] or 0.0,
-            ckpt_seconds=b.ckpt_seconds or L.checkpoint_seconds(records) or 0.0, ckpt_every=cfg.train.ckpt_every,
+            ckpt_seconds=ckpt_s, ckpt_every=cfg.train.ckpt_every, ckpt_every_s=cadence.minutes * 60,
             start_step=step, quota_hours=b.quota_hours, quota_period_hours=b.quota_period_days * 24,
             quota_reset=quota.reset if quota else None, used_hours=t.period_hours or 0.0,
-            cap_left_hours=t.cap_left, bill_factor=b.bill_factor or records[-1].bill_factor, start=now))
+            cap_left_hours=t.cap_left, bill_factor=b.bill_factor or records[-1].bill_factor, start=now)
+        p = _plan_or_problem(out, inp)
         if p is not None:
+            from ..planning.simulate import forecast
+
+            out["simulated"] = forecast(inp, records, curve=forecast_curve)
             out["eta"] = iso(p.eta)
             out["sessions_left"] = len(p.sessions)
             out["billed_hours_left"] = round(p.billed_hours, 4)

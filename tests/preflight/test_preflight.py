@@ -53,7 +53,7 @@ def test_all_rows_pass_and_the_report_agrees_with_the_json(preflight):
     assert set(results.values()) == {"pass"}, results
     assert _report_rows(report) == [{k: r[k] for k in ("n", "requirement", "stage", "result")} for r in doc["scorecard"]]
     # plots are PNG files linked from the Markdown
-    for png in ("loss_legs.png", "throughput.png"):
+    for png in ("loss_legs.png", "throughput.png", "finish.png", "cadence.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({png})" in report
     assert "## Limitations" in report and "not prove" in report
@@ -61,6 +61,8 @@ def test_all_rows_pass_and_the_report_agrees_with_the_json(preflight):
     assert stop["numbers"]["verdict"] == "VERDICT PASS" and len(stop["checks"]) >= 10
     assert doc["stages"]["resume"]["numbers"]["samples_consumed"] == [16, 32, 48]
     assert doc["stages"]["throughput"]["numbers"]["plan"]["sessions"]
+    sim = doc["stages"]["throughput"]["numbers"]["simulated"]  # the plan with sessions cut at random
+    assert sim["p50"] <= sim["p90"] and f"finish P50 {sim['p50']}, P90 {sim['p90']}" in report
     # scratch runs are cleaned from the store; each stage is billed in the run's ledger
     store = out.parent / "store"
     assert not any(store.glob("test-preflight-*/ckpt"))
