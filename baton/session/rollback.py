@@ -22,7 +22,7 @@ from .. import faults
 from ..data.reader import merge_range
 from ..errors import BatonError
 from ..model.llama import build_model
-from ..model.optimizer import adamw
+from ..model.optimizer import build_optimizer
 from .resume import resume
 from .spikes import Spike, detector
 
@@ -109,7 +109,7 @@ def _reload(s: Session, base: int) -> None:
     if s.trackers is not None:  # the resume rewrites metrics.jsonl from the checkpoint's copy
         s.trackers.rewind(base)
     model = build_model(cfg.model, p.device, seed=cfg.train.seed)
-    plain = dataclasses.replace(p, model=model, optimizer=adamw(model, cfg, p.device),
+    plain = dataclasses.replace(p, model=model, optimizer=build_optimizer(model, cfg, p.device),
                                 scaler=torch.amp.GradScaler(p.device.type, enabled=cfg.train.precision == "fp16"))
     r = resume(plain, "auto", s.allow_change)
     st.step, st.stats, st.resumed_from = r.step, r.stats, r.from_step
