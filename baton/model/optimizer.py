@@ -109,7 +109,11 @@ class Combined(torch.optim.Optimizer):
         # Optimizer.__init__ is not called: it would copy the groups, and the parts must stay the owners.
         self.parts = parts
         self.defaults: dict[str, Any] = {}
-        self.param_groups = [g for part in parts for g in part.param_groups]
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        # Read anew each time: a part's load_state_dict replaces its group dicts with new ones.
+        return [g for part in self.parts for g in part.param_groups]
 
     @property
     def state(self) -> dict[torch.Tensor, Any]:  # a read-only view: each part writes its own

@@ -95,6 +95,10 @@ def test_state_round_trip_continues_exactly():
     model2.load_state_dict(model.state_dict())
     load_optimizer(model2, opt2, {k: v.clone() for k, v in tensors.items()}, groups)
     assert opt2.parts[1].param_groups[0]["ns_coefficients"] == (3.4445, -4.775, 2.0315)
+    # The loaded parts hold new group dicts: the schedule must reach those, not the ones built first.
+    for o in (opt, opt2):
+        set_lr(o, cfg.optim, 0.5)
+        assert [g["lr"] for part in o.parts for g in part.param_groups] == [1.5e-4, 1.5e-4, 0.01]
     _steps(model, opt, 3, first=3)
     _steps(model2, opt2, 3, first=3)
     for (n, a), (_, b) in zip(model.named_parameters(), model2.named_parameters()):
