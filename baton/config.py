@@ -94,7 +94,7 @@ class OptimConfig:
     """The optimizer (AdamW, or Muon for the blocks' matrices) and the learning-rate schedule (baton.model.schedule)."""
 
     name: str = "adamw"  # adamw | muon (Muon for the 2-D matrices inside the blocks, AdamW for the rest); fixed for a run
-    lr: float = 3e-4  # peak learning rate (AdamW's; with muon, that of embeddings, head and norms)
+    lr: float = 3e-4  # peak learning rate
     beta1: float = 0.9  # AdamW first-moment decay
     beta2: float = 0.95  # AdamW second-moment decay
     eps: float = 1e-8  # AdamW denominator epsilon
