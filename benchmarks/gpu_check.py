@@ -87,6 +87,7 @@ CASES = {
     "fused_ce": ("speed", ["train.fused_ce=true"]),
     # What precision, compile and fused_ce "auto" give on CUDA with liger-kernel installed.
     "compile_fused": ("speed", ["train.compile=true", "train.fused_ce=true"]),
+    "muon": ("speed", ["optim.name=muon"]),  # Muon's Newton-Schulz matmuls: its tokens/s beside base's
 }
 NEEDS_CUDA = ("flash2", "fused_ce", "compile_fused")
 # Cases whose setting baton itself may refuse on this machine (its one-line error): reported as skipped.
