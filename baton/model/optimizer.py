@@ -8,7 +8,6 @@ GradScaler, gradient clipping, the schedule and the checkpoint see a single obje
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -16,8 +15,6 @@ from typing import Any
 import torch
 
 from ..config import Config, OptimConfig
-
-log = logging.getLogger(__name__)
 
 # A block's matrices: Llama names them model.layers.<i>.self_attn.*_proj / mlp.*_proj; a DDP or compile
 # wrapper may put a prefix before them.
