@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from .config import Config
 from .errors import BatonError
 from .model.llama import build_model, param_count
+from .model.optimizer import build_optimizer
 from .runtime.autotune import resolve_precision
 from .runtime.memory import is_oom
 
@@ -55,6 +56,7 @@ class Cell:
     reason: str = ""
     tokens_per_s: float | None = None
     step_seconds: float | None = None
+    optim_seconds: float | None = None  # of step_seconds, the optimizer's step (Muon's Newton-Schulz costs matmuls)
     peak_bytes: int | None = None  # what the cap is compared with: CUDA reserved, or CPU RSS added by the cell
     peak_allocated: int | None = None  # CUDA only
     peak_reserved: int | None = None  # CUDA only
@@ -186,7 +188,7 @@ def run_cell(cfg: Config, cell: Cell, tokens_per_step: int, device: torch.device
     base_rss = sampler.now()
     try:
         with sampler:
-            seconds = _time_steps(cfg, mcfg, cell, device, warmup, steps)
+            seconds, optim_seconds = _time_steps(cfg, mcfg, cell, device, warmup, steps)
     except Exception as e:  # noqa: BLE001 - a cell's failure is a result, not the end of the grid
         if is_oom(e):
             cell.status, cell.reason = "OOM", f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
@@ -204,6 +206,7 @@ def run_cell(cfg: Config, cell: Cell, tokens_per_step: int, device: torch.device
     cell.peak_bytes = cell.peak_reserved if cuda else max(0, sampler.peak - base_rss)
     assert cell.peak_bytes is not None  # on CUDA the finally above has read peak_reserved
     cell.step_seconds = seconds / steps
+    cell.optim_seconds = optim_seconds / steps
     cell.tokens_per_s = tokens_per_step * steps / seconds
     cell.hours_for_target = target_tokens / (cell.tokens_per_s * ranks) / 3600
     if cap is not None and cell.peak_bytes > cap:
@@ -214,11 +217,12 @@ def run_cell(cfg: Config, cell: Cell, tokens_per_step: int, device: torch.device
     return cell
 
 
-def _time_steps(cfg: Config, mcfg, cell: Cell, device: torch.device, warmup: int, steps: int) -> float:
+def _time_steps(cfg: Config, mcfg, cell: Cell, device: torch.device, warmup: int, steps: int
+                ) -> tuple[float, float]:
+    """Seconds of ``steps`` whole steps, and of their optimizer steps alone."""
     model = build_model(mcfg, device, seed=cfg.train.seed)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
-                            fused=True if device.type == "cuda" else None)
+    opt = build_optimizer(model, cfg, device)  # the run's optimizer: AdamW, or Muon and AdamW
     fwd = torch.compile(model) if cell.compile else model
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.precision)
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.train.precision == "fp16")
@@ -226,7 +230,11 @@ def _time_steps(cfg: Config, mcfg, cell: Cell, device: torch.device, warmup: int
     ids = torch.randint(0, cfg.model.vocab_size, (cell.micro_batch, cell.seq_len + 1), generator=g).to(device)
     x, y = ids[:, :-1], ids[:, 1:]
 
-    def step() -> None:
+    cuda = device.type == "cuda"
+    # CUDA events around the optimizer step time it without a synchronisation inside the step.
+    marks: list[tuple[Any, Any]] = []
+
+    def step(timed: bool = False) -> None:
         for _ in range(cell.accum):
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                 logits = fwd(input_ids=x).logits
@@ -234,7 +242,11 @@ def _time_steps(cfg: Config, mcfg, cell: Cell, device: torch.device, warmup: int
             scaler.scale(loss / cell.accum).backward()
         scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or math.inf)
+        if timed:
+            marks.append((_mark(cuda), None))
         scaler.step(opt)
+        if timed:
+            marks[-1] = (marks[-1][0], _mark(cuda))
         scaler.update()
         opt.zero_grad(set_to_none=True)
 
@@ -247,9 +259,20 @@ def _time_steps(cfg: Config, mcfg, cell: Cell, device: torch.device, warmup: int
     sync()
     t0 = time.perf_counter()
     for _ in range(steps):
-        step()
+        step(timed=True)
     sync()
-    return time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    optim = sum(a.elapsed_time(b) / 1000 for a, b in marks) if cuda else sum(b - a for a, b in marks)
+    return seconds, optim
+
+
+def _mark(cuda: bool) -> Any:
+    """A point in time: a recorded CUDA event (read after the final synchronisation), else the clock."""
+    if not cuda:
+        return time.perf_counter()
+    e = torch.cuda.Event(enable_timing=True)
+    e.record()
+    return e
 
 
 def run_grid(cfg: Config, attns: list[str], seqs: list[int], micros: list[int], ckpts: list[bool],
@@ -316,16 +339,17 @@ def _hours(h: float | None) -> str:
 def table(cells: list[Cell], device: torch.device) -> str:
     cuda = device.type == "cuda"
     mem = "| peak alloc MiB | peak reserved MiB |" if cuda else "| RSS added MiB | peak RSS MiB |"
-    lines = ["| attn | seq | micro x accum | grad ckpt | compile | tokens/s | step s " + mem + " est. MiB | "
-             "h for target | status |",
-             "|---|---|---|---|---|---|---" + "|---" * 3 + "|---|---|"]
+    lines = ["| attn | seq | micro x accum | grad ckpt | compile | tokens/s | step s | optimizer s " + mem +
+             " est. MiB | h for target | status |",
+             "|---|---|---|---|---|---|---|---" + "|---" * 3 + "|---|---|"]
     for c in cells:
         m1, m2 = (c.peak_allocated, c.peak_reserved) if cuda else (c.peak_bytes, c.peak_rss)
         status = c.status if not c.reason else f"{c.status}: {c.reason}"
         lines.append(
             f"| {c.attn} | {c.seq_len} | {c.micro_batch} x {c.accum or '—'} | {'on' if c.grad_ckpt else 'off'} | "
             f"{'on' if c.compile else 'off'} | {'—' if c.tokens_per_s is None else f'{c.tokens_per_s:,.0f}'} | "
-            f"{'—' if c.step_seconds is None else f'{c.step_seconds:.3f}'} | {_mib(m1)} | {_mib(m2)} | "
+            f"{'—' if c.step_seconds is None else f'{c.step_seconds:.3f}'} | "
+            f"{'—' if c.optim_seconds is None else f'{c.optim_seconds:.4f}'} | {_mib(m1)} | {_mib(m2)} | "
             f"{_mib(c.estimate_bytes)} | {_hours(c.hours_for_target)} | "
             f"{status} |")
     return "\n".join(lines)
@@ -367,7 +391,8 @@ def write_outputs(cells: list[Cell], out: Path, meta: dict[str, Any], cap: int |
     paths = {"md": out / "bench.md", "json": out / "bench.json", "png": out / "bench.png"}
     md = [f"# baton bench: {meta['device']}", "",
           f"{meta['tokens_per_step']:,} tokens per step per rank, {meta['warmup']} warm-up + {meta['steps']} timed "
-          f"steps per cell, precision {meta['precision']}, {meta['params']:,} parameters; hours for "
+          f"steps per cell, precision {meta['precision']}, optimizer {meta.get('optimizer', 'adamw')}, "
+          f"{meta['params']:,} parameters; hours for "
           f"{meta['target_tokens']:,} tokens over {meta['ranks']} rank(s)."
           + (f" Memory cap {cap / MiB:,.0f} MiB." if cap else ""), "", table(cells, device), ""]
     paths["md"].write_text("\n".join(md), encoding="utf-8")

@@ -35,6 +35,8 @@ PARALLEL = ("ddp", "fsdp")
 FUSED_CE_FP16 = ("train.fused_ce=true does not run under precision fp16: the fused kernel makes the logits' gradient "
                  "in fp16 before the loss scale applies, and most of it rounds to zero (set train.fused_ce = \"auto\" "
                  "or false, or train.precision = \"bf16\" on an Ampere or newer GPU)")
+OPTIMIZERS = ("adamw", "muon")  # optim.name (baton.model.optimizer builds each)
+MUON_ADJUST_LR = ("original", "match_rms_adamw", "spectral_unclamped")  # torch.optim.Muon's adjust_lr_fn
 SOURCE_KINDS = ("stdlib", "text", "jsonl", "parquet", "hf_dataset")
 SPIKE_POLICIES = ("log", "rollback", "stop")
 MAX_STORE_RETRIES = 100  # store.retries
@@ -94,8 +96,9 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    """AdamW and the learning-rate schedule (baton.model.schedule)."""
+    """The optimizer (AdamW, or Muon for the blocks' matrices) and the learning-rate schedule (baton.model.schedule)."""
 
+    name: str = "adamw"  # adamw | muon (Muon for the 2-D matrices inside the blocks, AdamW for the rest); fixed for a run
     lr: float = 3e-4  # peak learning rate
     beta1: float = 0.9  # AdamW first-moment decay
     beta2: float = 0.95  # AdamW second-moment decay
@@ -107,6 +110,12 @@ class OptimConfig:
     schedule: str = "wsd"  # wsd (warmup, plateau, cooldown) | cosine | linear (both decay from the warmup's end)
     decay_shape: str = "linear"  # the wsd cooldown's shape: linear | cosine | 1-sqrt
     min_lr_ratio: float = 0.0  # the floor the decay falls towards, as a fraction of optim.lr, in [0, 1)
+    muon_lr: float = 0.02  # Muon's peak learning rate; the schedule scales it by the same factor as optim.lr
+    muon_momentum: float = 0.95  # Muon's momentum, in [0, 1)
+    muon_nesterov: bool = True  # Nesterov momentum for Muon
+    muon_ns_steps: int = 5  # Newton-Schulz iterations per Muon step, 1-99
+    muon_adjust_lr: str = "original"  # Muon's per-matrix lr scaling: original | match_rms_adamw | spectral_unclamped
+    muon_weight_decay: float = 0.0  # Muon's decoupled weight decay (param *= 1 - lr x decay each step)
 
 
 @dataclass
@@ -467,6 +476,7 @@ def _semantic_problems(cfg: Config) -> list[str]:
         p.append(f"optim.min_lr_ratio must be in [0, 1), got {o.min_lr_ratio}")
     if o.grad_clip is not None and o.grad_clip < 0:
         p.append(f"optim.grad_clip must be >= 0, got {o.grad_clip}")
+    p += _muon_problems(o, t)
     if isinstance(t.micro_batch, str):
         if t.micro_batch != "auto":
             p.append(f"train.micro_batch={t.micro_batch!r} is neither a number nor \"auto\"")
@@ -558,6 +568,28 @@ def _semantic_problems(cfg: Config) -> list[str]:
     p.extend(_budget_text_problems(b))
     p.extend(run_name_problems(cfg.run.name, "run.name"))
     return p
+
+
+def _muon_problems(o: OptimConfig, t: TrainConfig) -> list[str]:
+    """The optimizer's name and Muon's settings (checked whichever optimizer runs: a typo is a typo)."""
+    out = []
+    if o.name not in OPTIMIZERS:
+        out.append(f"optim.name={o.name!r} is not one of {', '.join(OPTIMIZERS)}")
+    if o.muon_lr is not None and not o.muon_lr > 0:  # NaN fails this too
+        out.append(f"optim.muon_lr must be > 0, got {o.muon_lr}")
+    if o.muon_momentum is not None and not 0.0 <= o.muon_momentum < 1.0:
+        out.append(f"optim.muon_momentum must be in [0, 1), got {o.muon_momentum}")
+    if o.muon_ns_steps is not None and not 1 <= o.muon_ns_steps <= 99:  # torch refuses 100 and more
+        out.append(f"optim.muon_ns_steps must be in 1-99, got {o.muon_ns_steps}")
+    if o.muon_adjust_lr is not None and o.muon_adjust_lr not in MUON_ADJUST_LR:
+        out.append(f"optim.muon_adjust_lr={o.muon_adjust_lr!r} is not one of {', '.join(MUON_ADJUST_LR)}")
+    if o.muon_weight_decay is not None and not o.muon_weight_decay >= 0:
+        out.append(f"optim.muon_weight_decay must be >= 0, got {o.muon_weight_decay}")
+    if o.name == "muon" and t.parallel == "fsdp":
+        # FSDP shards each matrix over the ranks; Newton-Schulz on a shard orthogonalises another matrix.
+        out.append("optim.name='muon' does not work with train.parallel='fsdp' (each rank would orthogonalise a "
+                   "shard of every matrix, not the matrix); use train.parallel='ddp' with muon, or optim.name='adamw'")
+    return out
 
 
 def _data_url_problems(d: DataConfig, s: StoreConfig) -> list[str]:

@@ -16,6 +16,7 @@ import torch
 from . import faults
 from .config import Config
 from .errors import BatonError
+from .model.optimizer import set_lr
 from .model.schedule import factor_for
 from .runtime import dist
 from .runtime.parallel import norm_value
@@ -30,9 +31,7 @@ def train_step(s: Session, step: int) -> dict[str, Any]:
     """One optimizer step over this rank's share of global batch ``step``."""
     p = s.parts
     cfg = p.cfg
-    lr = cfg.optim.lr * factor_for(cfg.optim, step, p.total_steps)
-    for group in p.optimizer.param_groups:
-        group["lr"] = lr
+    lrs = set_lr(p.optimizer, cfg.optim, factor_for(cfg.optim, step, p.total_steps))  # each at its own peak
     t0 = time.perf_counter()
     loss_sum = torch.zeros((), device=p.device)
     for j, (x, y) in enumerate(s.micro_batches(step)):
@@ -57,7 +56,7 @@ def train_step(s: Session, step: int) -> dict[str, Any]:
     p.optimizer.zero_grad(set_to_none=True)
     dt = time.perf_counter() - t0
     tokens = cfg.train.global_batch * cfg.data.seq_len
-    return {"loss": loss_val, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens / dt,
+    return {"loss": loss_val, **lrs, "grad_norm": grad_norm, "tokens_per_s": tokens / dt,
             "step_seconds": dt, "skipped": bool(skipped), "batch_sha": batch_sha}
 
 

@@ -102,6 +102,7 @@ CASES = {
     "fused_ce": ("speed", ["train.fused_ce=true"]),
     "ckpt": ("speed", ["model.grad_ckpt=true"]),
     "eager": ("speed", ["model.attn=eager"]),
+    "muon": ("speed", ["optim.name=muon"]),  # Muon's Newton-Schulz matmuls: its tokens/s beside base's
     # What precision, compile and fused_ce "auto" give on CUDA (with liger-kernel, where installed).
     "compile": ("speed", ["train.compile=true", "train.fused_ce=auto"]),
 }

@@ -143,3 +143,16 @@ def test_the_grid_times_the_precision_auto_resolves_to(make_config, monkeypatch)
     assert timed == ["bf16"] and cells[0].status == "ok"
     assert cfg.train.precision == "auto"  # the caller's config is left as it was
     assert bench.precision_for(cfg, torch.device("cpu")) == "bf16"
+
+def test_bench_times_the_runs_optimizer_step(make_config, baton_cli, tmp_path):
+    """The bench trains with the run's optimizer (Muon here) and reports its step's share of each step."""
+    out = tmp_path / "bench"
+    p = baton_cli("bench", "-c", str(make_config()), "--set", "optim.name=muon", "--attn", "sdpa", "--seq", "32",
+                  "--micro", "4", "--grad-ckpt", "off", "--tokens-per-step", "256", "--warmup", "1", "--steps", "2",
+                  "--out", str(out), timeout=300)
+    assert p.returncode == 0, p.stderr
+    data = json.loads((out / "bench.json").read_text())
+    assert data["optimizer"] == "muon"
+    (cell,) = data["cells"]
+    assert cell["status"] == "ok" and 0 < cell["optim_seconds"] < cell["step_seconds"]
+    assert "| optimizer s |" in p.stdout and "optimizer muon" in (out / "bench.md").read_text()

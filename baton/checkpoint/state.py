@@ -1,7 +1,8 @@
 """What a checkpoint holds, on disk, without pickle.
 
 - ``model.safetensors``: the fp32 master weights (tied weights stored once).
-- ``optimizer.safetensors``: AdamW's per-parameter tensors, named ``<param>::<slot>``.
+- ``optimizer.safetensors``: the optimizer's per-parameter tensors, named ``<param>::<slot>`` (AdamW's
+  step, exp_avg, exp_avg_sq; Muon's momentum_buffer).
 - ``state.json``: everything else under named keys (``checkpoint.record``): step, scaler, optimizer
   hyper-parameters, the RNG states of every rank, the data cursor, the resolved config, versions, counters.
 - ``metrics.jsonl``: the per-step metrics so far, so the loss history survives a wiped machine.
@@ -95,11 +96,22 @@ def optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) 
     return tensors, groups
 
 
+def _slots_for(group: dict[str, Any]) -> frozenset[str] | None:
+    """The per-parameter tensors the step of the optimizer owning ``group`` keeps, told apart by a
+    hyper-parameter only that optimizer has (None: an optimizer this module does not know)."""
+    if "ns_steps" in group:  # Muon
+        return frozenset({"momentum_buffer"})
+    if "betas" in group:  # AdamW
+        return frozenset({"step", "exp_avg", "exp_avg_sq", *(("max_exp_avg_sq",) if group.get("amsgrad") else ())})
+    return None
+
+
 def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
                    groups: list[dict]) -> None:
     names = _param_names(model, optimizer)
     index = {n: i for i, n in enumerate(names)}
     params = [p for g in optimizer.param_groups for p in g["params"]]
+    wanted = [_slots_for(g) for g in optimizer.param_groups for _ in g["params"]]
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, t in tensors.items():
         name, sep, slot = key.rpartition("::")
@@ -113,14 +125,23 @@ def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ten
             raise ResumeError(f"optimizer state {key!r} is {t.dtype} {tuple(t.shape)} but the parameter is {p.dtype} "
                               f"{tuple(p.shape)}{DAMAGED}")
         state.setdefault(index[name], {})[slot] = t
-    slots = {frozenset(v) for v in state.values()}
-    if state and (len(state) != len(names) or len(slots) != 1 or not {"step", "exp_avg", "exp_avg_sq"} <= set(*slots)):
+    if state:
         # A partial state would start some moments afresh: the run would silently differ from an unbroken one.
         lacking = next((n for i, n in enumerate(names) if i not in state), None)
-        why = (f"nothing for parameter {lacking!r}" if lacking else
-               "the parameters hold different slots, or lack step, exp_avg or exp_avg_sq")
-        raise ResumeError(f"optimizer state is incomplete ({why}){DAMAGED}")
-    fixed = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in groups]
+        if lacking is not None:
+            raise ResumeError(f"optimizer state is incomplete (nothing for parameter {lacking!r}){DAMAGED}")
+        for i, slots in sorted(state.items()):
+            # An optimizer this module does not know: its parameters must at least agree with each other.
+            want = wanted[i] or frozenset(next(s for j, s in state.items() if wanted[j] is None))
+            if set(slots) != want:
+                raise ResumeError(f"optimizer state is incomplete (parameter {names[i]!r} holds {sorted(slots)}, its "
+                                  f"optimizer keeps {sorted(want)}){DAMAGED}")
+    if len(groups) != len(optimizer.param_groups) or any(
+            len(g.get("params", ())) != len(o["params"]) for g, o in zip(groups, optimizer.param_groups)):
+        raise ResumeError(f"optimizer state has {len(groups)} parameter groups of {[len(g.get('params', ())) for g in groups]} "
+                          f"parameters, this optimizer {[len(o['params']) for o in optimizer.param_groups]}{DAMAGED}")
+    tuples = ("betas", "ns_coefficients")  # JSON keeps tuples as lists
+    fixed = [{k: (tuple(v) if k in tuples else v) for k, v in g.items()} for g in groups]
     optimizer.load_state_dict({"state": state, "param_groups": fixed})
 
 

@@ -126,7 +126,7 @@ def run_bench(args, cfg: Config) -> int:
     meta = {"device": str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
             "tokens_per_step": tps, "ranks": args.ranks, "warmup": args.warmup, "steps": args.steps,
             "precision": bench.precision_for(cfg, device), "params": bench.param_count(cfg.model), "target_tokens": target,
-            "picked": chosen.label if chosen else None,
+            "optimizer": cfg.optim.name, "picked": chosen.label if chosen else None,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     paths = bench.write_outputs(cells, out, meta, cap, device)
     print(bench.table(cells, device))

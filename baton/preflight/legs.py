@@ -46,7 +46,8 @@ def stage_throughput(ctx: Context) -> StageResult:
     cells = run_grid(cfg, [cfg.model.attn], [cfg.data.seq_len], micros, [cfg.model.grad_ckpt], [False],
                      cfg.tokens_per_step, device, warmup=1, steps=3, target_tokens=ctx.cfg.total_steps * ctx.cfg.tokens_per_step)
     r.numbers["cells"] = [{"label": c.label, "status": c.status, "tokens_per_s": c.tokens_per_s,
-                           "peak_bytes": c.peak_bytes, "reason": c.reason} for c in cells]
+                           "optimizer_seconds": c.optim_seconds, "peak_bytes": c.peak_bytes, "reason": c.reason}
+                          for c in cells]
     best = pick(cells)
     r.check("every grid cell ran or was recorded as OOM", all(c.status in ("ok", "OOM") for c in cells),
             ", ".join(f"{c.label}: {c.status}" for c in cells))

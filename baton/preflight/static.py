@@ -17,7 +17,7 @@ from ..data.reader import Cursor, WindowDataset, prefix_collisions
 from ..data.verify import verify_data
 from ..errors import StoreError
 from ..model.llama import build_model, count_parameters, param_count
-from ..model.optimizer import adamw, check_precision
+from ..model.optimizer import adamw, build_optimizer, check_precision
 from ..model.schedule import factor_for, landmarks, plateau_share, plot
 from ..runtime.autotune import resolve_precision
 from ..store import delete_prefix, open_store
@@ -73,7 +73,7 @@ def stage_construct(ctx: Context) -> StageResult:
     r.numbers["schedule"] = shape
     r.check(SCHEDULE_CHECK, shape_ok, detail)
 
-    opt = adamw(model, small, device)
+    opt = build_optimizer(model, small, device)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     try:
         check_precision(model, scaler, precision)

@@ -29,7 +29,7 @@ from ..checkpoint.record import CheckpointState
 from ..data.reader import Cursor
 from ..errors import BatonError, StoreError
 from ..model.llama import build_model
-from ..model.optimizer import adamw
+from ..model.optimizer import build_optimizer
 from ..runtime import dist
 from ..tracking import Trackers
 from ..versions import versions
@@ -222,7 +222,7 @@ class Checkpointer:
 
         def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
             model = build_model(cfg.model, "cpu")
-            return model, adamw(model, cfg, torch.device("cpu"))
+            return model, build_optimizer(model, cfg, torch.device("cpu"))
 
         return self.parts.parallel.plain(self.parts.model, self.parts.optimizer, build)
 

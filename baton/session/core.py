@@ -27,7 +27,7 @@ from ..config import Config
 from ..data.reader import micro_batches
 from ..errors import BatonError
 from ..model.llama import build_model
-from ..model.optimizer import adamw
+from ..model.optimizer import build_optimizer
 from ..planning.ledger import checkpoint_seconds, read_ledger
 from ..runtime import dist
 from ..runtime.memory import rss_peak
@@ -197,7 +197,7 @@ class Session:
         if self.trackers is not None:  # the resume rewrites metrics.jsonl from the checkpoint's copy
             self.trackers.rewind(base)
         model = build_model(cfg.model, p.device, seed=cfg.train.seed)
-        plain = dataclasses.replace(p, model=model, optimizer=adamw(model, cfg, p.device),
+        plain = dataclasses.replace(p, model=model, optimizer=build_optimizer(model, cfg, p.device),
                                     scaler=torch.amp.GradScaler(p.device.type, enabled=cfg.train.precision == "fp16"))
         r = resuming.resume(plain, "auto", self.allow_change)
         st.step, st.stats, st.resumed_from = r.step, r.stats, r.from_step

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 SHAPE_KEYS = ("model.n_layers", "model.hidden", "model.n_heads", "model.n_kv_heads", "model.ffn",
               "model.vocab_size", "model.tie_embeddings")
 GEOMETRY_KEYS = ("data.seq_len", "train.global_batch")
+# The checkpoint's optimizer tensors are that optimizer's (AdamW's moments, Muon's momentum): never allowed.
+OPTIMIZER_KEY = "optim.name"
 TOKENS_PER_STEP = "tokens per step"
 HORIZON = "train.steps"  # the horizon in steps, however configured: it places the schedule's decay
 
@@ -42,7 +44,10 @@ ALLOWABLE = {
 }
 
 # Config keys compared on resume (the others are free to change, and changes are logged).
-FROZEN_KEYS = SHAPE_KEYS + ("model.rope_theta",) + GEOMETRY_KEYS + ("data.shuffle_seed", "data.val_windows")
+FROZEN_KEYS = SHAPE_KEYS + ("model.rope_theta",) + GEOMETRY_KEYS + ("data.shuffle_seed", "data.val_windows",
+                                                                       OPTIMIZER_KEY)
+# Frozen keys added after checkpoints were first written, with the value every run before them had.
+BEFORE_THE_KEY = {OPTIMIZER_KEY: "adamw"}
 # Config keys whose change says nothing about the run itself; not even logged.
 QUIET = {"run.local_dir", "data.dir", "train.log_every", "train.threads"}
 
@@ -65,7 +70,7 @@ def _show(v: Any) -> str:
 
 def _get(d: dict[str, Any], key: str) -> Any:
     sec, name = key.split(".", 1)
-    return (d.get(sec) or {}).get(name)
+    return (d.get(sec) or {}).get(name, BEFORE_THE_KEY.get(key))
 
 
 def tokenizer_sha256(data_dir: str | Path, manifest: dict[str, Any]) -> str:
@@ -229,6 +234,8 @@ def validate_allowed(keys: list[str] | tuple[str, ...]) -> set[str]:
             problems.append(f"{k} cannot change on resume (the checkpoint's weights have its shape)")
         elif k in GEOMETRY_KEYS or k == TOKENS_PER_STEP:
             problems.append(f"{k} cannot change on resume (the data cursor counts samples of this size)")
+        elif k == OPTIMIZER_KEY:
+            problems.append(f"{k} cannot change on resume (the checkpoint holds that optimizer's state)")
         else:
             problems.append(f"{k} is not a key --allow-change knows")
     if problems:

@@ -16,6 +16,7 @@ from ..checkpoint.pointer import read_pointer, write_pointer
 from ..data.prepare import TOKENIZER_FILE
 from ..errors import BatonError, StoreError
 from ..evaluate.heldout import eval_micro_batch, window_losses
+from ..model.optimizer import split_summary
 from ..runtime import dist
 from ..runtime.memory import rss_peak
 from ..versions import versions
@@ -146,6 +147,7 @@ def summary(s: Session, tokens_per_s: float) -> dict[str, Any]:
     return {
         "run": p.run,
         "params": p.n_params,
+        "optimizer": {"name": p.cfg.optim.name, **split_summary(p.optimizer)},
         "steps_done": st.step,
         "total_steps": p.total_steps,
         "tokens_consumed": st.step * gb * p.cfg.data.seq_len,

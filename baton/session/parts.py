@@ -21,7 +21,7 @@ from ..data.pull import DataSource, ensure_data
 from ..data.reader import WindowDataset
 from ..errors import BatonError, ConfigError
 from ..model.llama import build_model, count_parameters, param_count
-from ..model.optimizer import adamw, check_precision
+from ..model.optimizer import build_optimizer, check_precision, split_summary
 from ..planning.ledger import SessionLedger
 from ..runtime import attention, autotune, determinism, dist, logs, memory
 from ..runtime.device import pick_device, rank_device
@@ -71,7 +71,7 @@ class Parts:
     def wrapped(self) -> Parts:
         """These parts with the model and optimizer wrapped for the layout (DDP, FSDP), once a checkpoint is
         loaded into the plain ones."""
-        model, optimizer = self.parallel.wrap(self.model, self.optimizer, lambda m: adamw(m, self.cfg, self.device))
+        model, optimizer = self.parallel.wrap(self.model, self.optimizer, lambda m: build_optimizer(m, self.cfg, self.device))
         return dataclasses.replace(self, model=model, optimizer=optimizer)
 
 
@@ -119,9 +119,13 @@ def build(cfg: Config, stop_after: int | None, started: float, deadline: float |
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.train.precision == "fp16")
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.precision)
     check_precision(model, scaler, cfg.train.precision)
+    optimizer = build_optimizer(model, cfg, device)
+    if info.is_main:
+        log.info("optimizer %s: %s", cfg.optim.name, ", ".join(
+            f"{k} {v['tensors']} tensors ({v['params']:,} parameters)" for k, v in split_summary(optimizer).items()))
     return Parts(
         cfg=cfg, device=device, dist=info, store=store, ledger=ledger, data=data, tokenizer_sha256=tok_sha256,
-        model=model, optimizer=adamw(model, cfg, device), scaler=scaler,
+        model=model, optimizer=optimizer, scaler=scaler,
         parallel=Parallel(cfg.train.parallel, info.rank, world, device),
         micro_loss=autotune.micro_loss_fn(autocast_dtype, compiled=bool(cfg.train.compile),
                                           fused=bool(cfg.train.fused_ce)),

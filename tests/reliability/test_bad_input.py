@@ -126,6 +126,15 @@ CASES: list[tuple[str, Callable[[Ctx], list[str]], tuple[str, ...]]] = [
      ("store.url ftp:// is not supported", "use a path, file://, s3:// or hf://")),
     ("config-store-credentials", lambda c: [*TRAIN, "-c", c.cfg, "--set", "store.url=s3://AKIDX:sekrit@bucket/p"],
      ("store.url must not carry credentials", "AWS_ACCESS_KEY_ID")),
+    ("config-optim-name", lambda c: [*TRAIN, "-c", c.cfg, "--set", "optim.name=sgd"],
+     ("optim.name='sgd' is not one of adamw, muon",)),
+    ("config-muon-lr-0", lambda c: [*TRAIN, "-c", c.cfg, "--set", "optim.name=muon", "--set", "optim.muon_lr=0"],
+     ("optim.muon_lr must be > 0, got 0.0",)),
+    ("config-muon-lr-nan", lambda c: [*TRAIN, "-c", c.cfg, "--set", "optim.name=muon", "--set", "optim.muon_lr=nan"],
+     ("optim.muon_lr must be a finite number, got nan",)),
+    ("config-muon-fsdp", lambda c: [*TRAIN, "-c", c.cfg, "--set", "optim.name=muon", "--set", "train.parallel=fsdp"],
+     ("optim.name='muon' does not work with train.parallel='fsdp'", "use train.parallel='ddp' with muon, or "
+      "optim.name='adamw'")),
     # ---- flags
     ("flag-set-no-equals", lambda c: ["config", "-c", c.cfg, "--set", "optim.lr"],
      ("--set 'optim.lr' is not KEY=VALUE", "example: --set optim.lr=3e-4")),

@@ -80,6 +80,7 @@ def _cfg(c: B) -> list[str]:
 
 
 FLOAT_KEYS = ["optim.lr", "optim.beta1", "optim.beta2", "optim.eps", "optim.weight_decay", "optim.grad_clip",
+              "optim.muon_lr", "optim.muon_momentum", "optim.muon_weight_decay",
               "optim.decay_start", "model.rope_theta", "model.init_std", "model.norm_eps", "store.retry_seconds",
               "store.request_timeout", "budget.session_hours", "budget.margin_minutes", "budget.ckpt_minutes",
               "budget.ckpt_seconds", "budget.startup_minutes", "budget.heartbeat_minutes", "budget.bill_factor",
@@ -175,7 +176,13 @@ CASES: list[tuple[str, Callable[[B], list[str]], tuple[str, ...]]] = [
         ("optim.beta1=1", "optim.beta1 must be in [0, 1), got 1.0"), ("optim.beta2=-0.1", "optim.beta2 must be in"),
         ("optim.eps=0", "optim.eps must be > 0"), ("optim.weight_decay=-1", "optim.weight_decay must be >= 0"),
         ("model.rope_theta=0", "model.rope_theta must be > 0"), ("model.norm_eps=-1e-5", "model.norm_eps must be > 0"),
-        ("model.init_std=0", "model.init_std must be > 0")]],
+        ("model.init_std=0", "model.init_std must be > 0"), ("optim.muon_lr=-0.02", "optim.muon_lr must be > 0"),
+        ("optim.muon_momentum=1", "optim.muon_momentum must be in [0, 1), got 1.0"),
+        ("optim.muon_ns_steps=0", "optim.muon_ns_steps must be in 1-99, got 0"),
+        ("optim.muon_ns_steps=100", "optim.muon_ns_steps must be in 1-99, got 100"),
+        ("optim.muon_adjust_lr=sqrt", "optim.muon_adjust_lr='sqrt' is not one of original, match_rms_adamw, "
+                                      "spectral_unclamped"),
+        ("optim.muon_weight_decay=-1", "optim.muon_weight_decay must be >= 0")]],
     ("config-source-max-bytes", lambda c: ["config", "-c", c.toml((c.base / "cfg.toml").read_text().replace(
         "max_bytes = 400000", "max_bytes = -1"))], ("data.sources[0].max_bytes must be >= 0 (0 = no cap)",)),
     ("config-layers-0", lambda c: ["config", *_cfg(c), "--set", "model.n_layers=0"], ("model.n_layers must be > 0",)),

@@ -118,3 +118,49 @@ def test_allow_change_keys_are_the_documented_ones():
     assert validate_allowed(list(ALLOWABLE)) == set(ALLOWABLE)
     with pytest.raises(BatonError, match="model.n_layers cannot change.*data.seq_len cannot change"):
         validate_allowed(["model.n_layers", "data.seq_len"])
+
+
+def test_switching_the_optimizer_is_refused_both_ways(resumable, zygote, make_config, tmp_path):
+    """AdamW's checkpoint holds moments Muon has no use for, and the other way round: a switch is refused in
+    one line, cannot be allowed, and touches nothing; a Muon run resumes as Muon."""
+    train, store = resumable
+    before = _pointer(store)
+    r = train("--set", "optim.name=muon")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    (line,) = _error_lines(r.stderr)
+    assert "refusing to resume: the checkpoint at step 4 differs from this config in what makes it the same run: " \
+           "optim.name: checkpoint 'adamw', now 'muon' (restore them, or start a new run.name)" in line
+    r = train("--set", "optim.name=muon", "--allow-change", "optim.name")
+    assert r.returncode == 2
+    (line,) = _error_lines(r.stderr)
+    assert "optim.name cannot change on resume (the checkpoint holds that optimizer's state)" in line
+    assert _pointer(store) == before
+
+    muon_store = tmp_path / "muon-store"
+    cfg = make_config("muon.toml", store=muon_store)
+
+    def muon_train(*args: str):
+        return zygote.run(["train", "-c", cfg, "--no-progress", *args], tmp_path / "out-muon", timeout=120)
+
+    assert muon_train("--set", "optim.name=muon", "--stop-after-steps", "3").returncode == 0
+    r = muon_train("--stop-after-steps", "4")  # the config's optim.name: adamw
+    assert r.returncode == 2
+    (line,) = _error_lines(r.stderr)
+    assert "optim.name: checkpoint 'muon', now 'adamw'" in line
+    ok = muon_train("--set", "optim.name=muon", "--stop-after-steps", "4")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert "resumed at step 3" in ok.stderr and _pointer(muon_store)["step"] == 4
+
+
+def test_a_checkpoint_from_before_optim_name_is_adamw():
+    """Checkpoints written before optim.name existed were all AdamW's: they resume as AdamW and no other."""
+    from baton.config import Config
+    from baton.session.drift import differences
+
+    old = Config().to_dict()
+    del old["optim"]["name"]
+    state = {"config": old, "cursor": {"dataset_fingerprint": "f", "permutation_fingerprint": "p"}}
+    new = Config().to_dict()
+    assert differences(state, new, "f", "p", "t") == []
+    new["optim"]["name"] = "muon"
+    assert [str(d) for d in differences(state, new, "f", "p", "t")] == ["optim.name: checkpoint 'adamw', now 'muon'"]

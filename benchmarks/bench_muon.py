@@ -1,0 +1,234 @@
+"""Muon against AdamW: tokens for Muon to reach AdamW's final validation loss / AdamW's tokens (target <= 0.8),
+and the optimizer step's time ratio.
+
+Every run trains the same model (same initial weights, seed 0) on the same windows in the same order (the
+reader's permutation, read once before the clock starts), with the same tokens per step, the same schedule
+(wsd: warmup, plateau, linear cooldown over the last 20 %), clipping at 1.0 and fp32 on CPU; only the
+optimizer differs, built by ``baton.model.optimizer.build_optimizer`` as ``baton train`` builds it, the
+learning rate set by ``set_lr`` as the loop sets it. The validation loss is the mean over the held-out
+windows, every ``--eval-every`` steps and at the end.
+
+Each optimizer runs at its best learning rate from a small grid: AdamW at ``--adamw-lrs``; Muon at
+``--muon-lrs`` for its matrices, with the embeddings, head and norms on AdamW at AdamW's best lr. The runs of
+a grid step in lockstep (one step of each in turn), so the machine's load falls on all of them alike; the
+best AdamW run is repeated beside the Muon grid, which times both optimizer steps side by side (the
+median of ``optimizer.step()`` per run) and checks that a run repeats exactly.
+
+Tokens to target: the first evaluation at which Muon's validation loss is at or below AdamW's final one,
+in tokens, over AdamW's tokens for its whole run. Muon's curve is read during its own plateau, before its
+cooldown, so the ratio is conservative. CPU shapes are small: what holds there need not hold at 100 M
+parameters and a billion tokens.
+
+Run: ``python benchmarks/bench_muon.py`` (both shapes; ``--shape tiny`` or ``--shape test`` for one).
+Writes ``benchmarks/results/muon_<shape>.png`` (validation loss against tokens, every run) and
+``benchmarks/results/muon_<shape>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import logging
+import math
+import statistics
+import time
+from pathlib import Path
+
+from _perf_common import ROOT, default_work_dir, machine, prepare_data, write_config
+
+# Steps per shape: the tiny shape's steps cost about 40 times the test shape's.
+DEFAULT_STEPS = {"tiny": 100, "test": 300}
+
+
+class Run:
+    """One model and optimizer stepping through the shared batches."""
+
+    def __init__(self, label: str, cfg, steps: int):
+        import torch
+
+        from baton.model.llama import build_model
+        from baton.model.optimizer import build_optimizer
+
+        self.label, self.cfg, self.steps = label, cfg, steps
+        self.model = build_model(cfg.model, "cpu", seed=cfg.train.seed)
+        self.opt = build_optimizer(self.model, cfg, torch.device("cpu"))
+        self.curve: list[tuple[int, float]] = []  # (tokens, validation loss)
+        self.step_times: list[float] = []
+
+    def step(self, step: int, micro: list) -> None:
+        import torch
+
+        from baton.model.optimizer import set_lr
+        from baton.model.schedule import factor_for
+
+        o = self.cfg.optim
+        set_lr(self.opt, o, factor_for(o, step, self.steps))
+        for x, y in micro:
+            logits = self.model(input_ids=x).logits
+            loss = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), y)
+            (loss / len(micro)).backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), o.grad_clip)
+        t0 = time.perf_counter()
+        self.opt.step()
+        self.step_times.append(time.perf_counter() - t0)
+        self.opt.zero_grad(set_to_none=True)
+
+    def evaluate(self, tokens: int, vx, vy) -> float:
+        import torch
+
+        from baton.evaluate.heldout import window_losses
+
+        with torch.no_grad():
+            val = float(torch.cat([window_losses(self.model, vx[i:i + 16], vy[i:i + 16], contextlib.nullcontext)
+                                   for i in range(0, len(vx), 16)]).mean())
+        self.curve.append((tokens, val))
+        return val
+
+    @property
+    def final(self) -> float:
+        return self.curve[-1][1]
+
+
+def lockstep(runs: list[Run], batches: list[list], vx, vy, eval_every: int, tokens_per_step: int) -> None:
+    for r in runs:
+        r.evaluate(0, vx, vy)
+    n = len(batches)
+    for step in range(n):
+        for r in runs:
+            r.step(step, batches[step])
+        if (step + 1) % eval_every == 0 or step + 1 == n:
+            for r in runs:
+                r.evaluate((step + 1) * tokens_per_step, vx, vy)
+
+
+def tokens_to_reach(curve: list[tuple[int, float]], target: float) -> int | None:
+    return next((tok for tok, val in curve if val <= target), None)
+
+
+def bench_shape(shape: str, args, work: Path, out: Path) -> dict:
+    from baton.config import load_config
+    from baton.data.reader import WindowDataset, micro_batches
+
+    steps = args.steps or DEFAULT_STEPS[shape]
+    cfg_path = write_config(work, f"muon-{shape}", shape=shape, steps=steps, data_dir=work / "data",
+                            threads=args.threads)
+    prepare_data(cfg_path)
+    base = load_config(cfg_path)
+    base.optim.warmup_steps = max(1, steps // 20)
+    base.data.val_windows = args.val_windows
+    data = WindowDataset(base.data.dir, base.data.seq_len, base.data.shuffle_seed, base.data.val_windows)
+    gb, mb = base.train.global_batch, int(base.train.micro_batch)
+    batches = [list(micro_batches(data.rank_rows(s, gb, 0, 1), mb)) for s in range(steps)]
+    vx, vy = data.windows(data.val_window_ids())
+    tps = gb * base.data.seq_len
+
+    def cfg_for(name: str, lr: float, muon_lr: float | None = None):
+        c = copy.deepcopy(base)
+        c.optim.name, c.optim.lr = name, lr
+        if muon_lr is not None:
+            c.optim.muon_lr = muon_lr
+        c.validate()
+        return c
+
+    t0 = time.perf_counter()
+    adamw = [Run(f"adamw lr {lr:g}", cfg_for("adamw", lr), steps) for lr in args.adamw_lrs]
+    lockstep(adamw, batches, vx, vy, args.eval_every, tps)
+    best_a = min(adamw, key=lambda r: r.final)
+    a_lr = best_a.cfg.optim.lr
+    again = Run(f"adamw lr {a_lr:g} (repeat)", cfg_for("adamw", a_lr), steps)
+    muon = [Run(f"muon lr {m:g} (adamw part {a_lr:g})", cfg_for("muon", a_lr, m), steps) for m in args.muon_lrs]
+    lockstep([again, *muon], batches, vx, vy, args.eval_every, tps)
+    seconds = time.perf_counter() - t0
+    best_m = min(muon, key=lambda r: r.final)
+
+    target = best_a.final
+    reached = tokens_to_reach(best_m.curve, target)
+    total = steps * tps
+    ratio = reached / total if reached is not None else math.inf
+    step_ratio = statistics.median(best_m.step_times) / statistics.median(again.step_times)
+    result = {
+        "shape": shape, "steps": steps, "tokens_per_step": tps, "tokens": total, "eval_every": args.eval_every,
+        "val_windows": args.val_windows, "seconds": round(seconds, 1),
+        "adamw_lrs": args.adamw_lrs, "muon_lrs": args.muon_lrs,
+        "best_adamw_lr": a_lr, "best_muon_lr": best_m.cfg.optim.muon_lr,
+        "adamw_final_val": target, "muon_final_val": best_m.final,
+        "muon_tokens_to_adamw_final": reached, "tokens_ratio": ratio,
+        "optimizer_step_ms": {"adamw": statistics.median(again.step_times) * 1e3,
+                              "muon": statistics.median(best_m.step_times) * 1e3},
+        "optimizer_step_ratio": step_ratio,
+        "repeat_exact": again.curve == best_a.curve,
+        "finals": {r.label: r.final for r in [*adamw, *muon]},
+        "curves": {r.label: r.curve for r in [*adamw, *muon]},
+    }
+    _plot(result, out / f"muon_{shape}.png", best_a.label, best_m.label)
+    (out / f"muon_{shape}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    return result
+
+
+def _plot(result: dict, path: Path, best_a: str, best_m: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, curve in result["curves"].items():
+        toks, vals = zip(*curve[1:])  # the untrained point would squash the scale
+        best = label in (best_a, best_m)
+        ax.plot(toks, vals, color="tab:blue" if label.startswith("adamw") else "tab:orange",
+                lw=2.0 if best else 0.8, alpha=1.0 if best else 0.5, label=label + (" (best)" if best else ""))
+    ax.axhline(result["adamw_final_val"], color="grey", ls=":", lw=0.8)
+    if result["muon_tokens_to_adamw_final"]:
+        ax.axvline(result["muon_tokens_to_adamw_final"], color="tab:orange", ls=":", lw=0.8)
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("validation loss")
+    ax.set_title(f"{result['shape']} shape: tokens to AdamW's final loss, Muon / AdamW = "
+                 f"{result['tokens_ratio']:.2f}", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="both", choices=["both", "tiny", "test"])
+    ap.add_argument("--steps", type=int, default=0, help=f"steps per run (default: {DEFAULT_STEPS})")
+    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--val-windows", type=int, default=64)
+    ap.add_argument("--adamw-lrs", type=float, nargs="+", default=[1e-3, 2e-3, 4e-3, 8e-3])
+    ap.add_argument("--muon-lrs", type=float, nargs="+", default=[0.01, 0.02, 0.04, 0.08])
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--work", default=None, help="working folder (default: $TMPDIR/baton-bench)")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="where the plots and JSON go")
+    args = ap.parse_args()
+    logging.getLogger("baton").setLevel(logging.WARNING)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    work = default_work_dir() if args.work is None else Path(args.work)
+    out = Path(args.out)
+    print(f"# Muon vs AdamW: {machine()}")
+    for shape in (["tiny", "test"] if args.shape == "both" else [args.shape]):
+        r = bench_shape(shape, args, work, out)
+        print(f"\n## {shape} shape: {r['steps']} steps x {r['tokens_per_step']} tokens, {r['seconds']} s")
+        for label, final in r["finals"].items():
+            print(f"  {label:34s} final val loss {final:.4f}")
+        print(f"  AdamW best lr {r['best_adamw_lr']:g}: final {r['adamw_final_val']:.4f}; Muon best lr "
+              f"{r['best_muon_lr']:g}: final {r['muon_final_val']:.4f}; repeat exact: {r['repeat_exact']}")
+        reached = r["muon_tokens_to_adamw_final"]
+        print(f"  TOKENS TO ADAMW'S FINAL LOSS (Muon / AdamW) = "
+              f"{r['tokens_ratio']:.3f} ({reached if reached is not None else 'not reached'} / {r['tokens']})  "
+              f"target <= 0.8  {'OK' if r['tokens_ratio'] <= 0.8 else 'MISSED'}")
+        ms = r["optimizer_step_ms"]
+        print(f"  OPTIMIZER STEP TIME (Muon / AdamW, medians) = {r['optimizer_step_ratio']:.2f} "
+              f"({ms['muon']:.2f} ms / {ms['adamw']:.2f} ms)")
+        print(f"  plot: {out / f'muon_{shape}.png'}")
+
+
+if __name__ == "__main__":
+    main()
