@@ -137,7 +137,7 @@ def test_the_grid_times_the_precision_auto_resolves_to(make_config, monkeypatch)
 
     timed = []
     monkeypatch.setattr(bench, "resolve_precision", lambda device: "bf16")
-    monkeypatch.setattr(bench, "_time_steps", lambda cfg, *a: timed.append(cfg.train.precision) or 1.0)
+    monkeypatch.setattr(bench, "_time_steps", lambda cfg, *a: timed.append(cfg.train.precision) or (1.0, 0.1))
     cfg = load_config(make_config(), ["train.precision=auto"])
     cells = bench.run_grid(cfg, ["sdpa"], [32], [4], [False], [False], 256, torch.device("cpu"), warmup=0, steps=1)
     assert timed == ["bf16"] and cells[0].status == "ok"

@@ -532,7 +532,7 @@ INTO_STORE: list[tuple[str, Callable[[B, Path, Path], list[str]]]] = [
 @pytest.mark.parametrize("where", ["the pointer's checkpoint", "the run prefix", "the store root"])
 @pytest.mark.parametrize("case", INTO_STORE, ids=[c[0] for c in INTO_STORE])
 def test_no_command_writes_into_the_store(case, where, base, tmp_path, capsys):
-    assert set(_writers()) == {"export", "preflight", "bench", "report"}  # a new writer is covered by the list above
+    assert set(_writers()) == {"export", "preflight", "bench", "report", "simulate"}  # a new writer is covered by the list above
     store = tmp_path / "store"
     shutil.copytree(base / "store", store)
     pointer = json.loads((store / "test" / "latest.json").read_text())

@@ -154,12 +154,14 @@ def test_switching_the_optimizer_is_refused_both_ways(resumable, zygote, make_co
 
 def test_a_checkpoint_from_before_optim_name_is_adamw():
     """Checkpoints written before optim.name existed were all AdamW's: they resume as AdamW and no other."""
+    from baton.checkpoint.record import CheckpointState
     from baton.config import Config
     from baton.session.drift import differences
 
     old = Config().to_dict()
     del old["optim"]["name"]
-    state = {"config": old, "cursor": {"dataset_fingerprint": "f", "permutation_fingerprint": "p"}}
+    state = CheckpointState(step=0, total_steps=None, config=old, rng_ranks=[{}], optimizer_param_groups=[],
+                            cursor={"dataset_fingerprint": "f", "permutation_fingerprint": "p"})
     new = Config().to_dict()
     assert differences(state, new, "f", "p", "t") == []
     new["optim"]["name"] = "muon"
