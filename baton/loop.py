@@ -85,7 +85,8 @@ def train(s: Session) -> dict[str, Any]:
         m = train_step(s, step)
         track_nonfinite(s, m, step)
         step += 1
-        spike = rollback.judge(s, step, m)
+        spike, marks = rollback.judge(s, step, m["loss"])
+        m.update(marks)  # a spike's score and windows go in this step's metrics row
         if s.eval_due(step):  # its values go in this step's metrics row
             m.update(finishing.validate(s, step))
         s.record(step, m)

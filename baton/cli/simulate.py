@@ -22,12 +22,13 @@ def add_simulate_parser(sub, config_args) -> None:
 
 
 def run_simulate(args, cfg: Config | None) -> int:
-    si, src = sim_input(args, cfg)
     out_dir = None
-    if args.out:
+    if args.out:  # the place first: a refused --out is said before any input is read
         from ..guard import output_dir
 
         out_dir = output_dir(args.out, "--out", cfg, force=True, own=("the run folder",))
+    si, src = sim_input(args, cfg)
+    if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
     r = simulate(si)
     curve = None

@@ -29,16 +29,17 @@ class SpikeStop(BatonError):
     """A loss spike ended the run (``spike_policy = "stop"``, or one rollback too many)."""
 
 
-def judge(s: Session, step: int, m: dict[str, Any]) -> Spike | None:
-    """Test the loss of ``step`` (marking a spike in its metrics row); returns a spike that asks for a rollback."""
-    spike = s.state.spikes.observe(step, m["loss"])
+def judge(s: Session, step: int, loss: float) -> tuple[Spike | None, dict[str, Any]]:
+    """Test the loss of ``step``: a spike that asks for a rollback (or None), and what the step's metrics row
+    says of a spike (its score and the windows of its batch; nothing for a normal step)."""
+    spike = s.state.spikes.observe(step, loss)
     if spike is None:
-        return None
+        return None, {}
     p = s.parts
     gb = p.cfg.train.global_batch
     # The windows of the batch that made this step: the data cursor names them exactly.
     windows = p.data.train_window_ids((step - 1) * gb, gb).tolist()
-    m.update(spike_score=round(spike.score, 3), spike_windows=windows)
+    marks = {"spike_score": round(spike.score, 3), "spike_windows": windows}
     train = p.cfg.train
     if train.spike_policy == "stop":
         raise SpikeStop(f"{spike.describe()}; train.spike_policy='stop' ended the run before checkpointing it. "
@@ -46,7 +47,7 @@ def judge(s: Session, step: int, m: dict[str, Any]) -> Spike | None:
                         "train.spike_policy='rollback' to skip it, or 'log' to train through it)")
     log.warning("loss spike: %s (train.spike_threshold=%g); the batch's windows: %s", spike.describe(),
                 train.spike_threshold, windows)
-    return spike if train.spike_policy == "rollback" else None
+    return (spike if train.spike_policy == "rollback" else None), marks
 
 
 def roll_back(s: Session, spike: Spike) -> bool:
