@@ -22,9 +22,11 @@ from baton.faults import PAUSE_ENV, POINTS, TRACE_ENV
 ARGS = ["--no-progress", "--set", "train.steps=8", "--set", "train.ckpt_every=2"]
 REQUIRED = ("model.safetensors", "optimizer.safetensors", "state.json")
 # The points a training session passes, each with the step of the first kill aimed there (None: its first
-# pass); ``resume.moved`` is passed only by a session finishing a push a killed one left.
+# pass); ``resume.moved`` is passed only by a session finishing a push a killed one left. A kill at
+# ``prune`` or ``pointer.readback`` of step 4 leaves step 4 in the pointer's verified list with no ledger
+# record booking it, and the resumed session's checkpoint at 6 keeps it there (keep_last 2).
 CYCLE = {"step": 3, "save": 4, "save.file": 4, "upload": None, "verify": None, "pointer": 4,
-         "pointer.readback": 4, "prune": 2, "prune.delete": 2, "resume.moved": 4}
+         "pointer.readback": 4, "prune": 4, "prune.delete": 2, "resume.moved": 4}
 NOT_TRAINING = {"data.publish", "data.pull", "rollback", "rollback.loaded", "publish.card"}  # other tests aim there
 
 
@@ -93,3 +95,5 @@ def test_every_command_agrees_on_the_verified_checkpoints_after_a_kill(point, zy
             assert f"step {step} is not a verified checkpoint" in str(e), e
     assert status == reported == exported == evaluated == proven, (point, status, reported, exported, proven)
     assert 6 in proven  # the resumed session's own checkpoint
+    if point in ("prune", "pointer.readback"):  # verified by the pointer alone: no session booked it
+        assert 4 in proven
