@@ -40,7 +40,7 @@ def plot_finish_cdf(finish: np.ndarray, path: Path, deadline: datetime | None = 
     ax.set_ylabel("P(finished by then)")
     ax.set_title("finish date")
     ax.legend(fontsize=8)
-    return _save(plt, fig, path)
+    return save_figure(plt, fig, path)
 
 
 def plot_cadence(curve: dict[str, Any], chosen_minutes: float, path: Path) -> Path:
@@ -66,10 +66,11 @@ def plot_cadence(curve: dict[str, Any], chosen_minutes: float, path: Path) -> Pa
     ax.set_xlabel("minutes between checkpoints")
     ax.set_ylabel("expected hours")
     ax.legend(fontsize=8)
-    return _save(plt, fig, path)
+    return save_figure(plt, fig, path)
 
 
-def _save(plt: Any, fig: Any, path: Path) -> Path:
+def save_figure(plt: Any, fig: Any, path: Path) -> Path:
+    """Lay out, write and close a figure (every plot the views and the report draw)."""
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..planning.charts import save_figure
+
 
 def _plt():
     import matplotlib
@@ -46,7 +48,7 @@ def plot_loss(doc: dict[str, Any], path: Path) -> Path:
     ax.set_ylabel("loss")
     ax.set_title(f"{doc['run']}: loss; sessions marked")
     ax.legend(fontsize=8)
-    return _save(plt, fig, path)
+    return save_figure(plt, fig, path)
 
 
 def plot_throughput(doc: dict[str, Any], path: Path) -> Path:
@@ -57,7 +59,7 @@ def plot_throughput(doc: dict[str, Any], path: Path) -> Path:
     a.set_title("tokens/s per session")
     b.bar(names, [100 * (s["mfu"] or 0) for s in doc["sessions"]], color="tab:orange")
     b.set_title("MFU per session (%, median of steps)")
-    return _save(plt, fig, path)
+    return save_figure(plt, fig, path)
 
 
 def plot_hours(doc: dict[str, Any], path: Path) -> Path:
@@ -77,11 +79,4 @@ def plot_hours(doc: dict[str, Any], path: Path) -> Path:
     ax.set_xlabel("session")
     ax.set_ylabel("hours")
     ax.legend(fontsize=8)
-    return _save(plt, fig, path)
-
-
-def _save(plt: Any, fig: Any, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, path)
