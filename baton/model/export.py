@@ -33,7 +33,9 @@ def export_model(model: torch.nn.Module, tokenizer_file: Path, out: Path, eos_to
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.eos_token_id = eos_id
             model.generation_config.bos_token_id = eos_id
-        model.save_pretrained(str(out))
+        # Llama's weights are saved under the names they have: transformers' table of renamings (built for every
+        # model family it knows, seconds of regular expressions) has nothing to revert for them.
+        model.save_pretrained(str(out), save_original_format=False)
     finally:
         model.config = original
     tok = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file), eos_token=eos_token, bos_token=eos_token)
