@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .errors import ConfigError
+from .errors import BatonError, ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib  # novermin: imported only where the standard library has it
@@ -98,7 +98,8 @@ class ModelConfig(_Section):
 class SourceConfig:
     """One input of the data mix."""
 
-    kind: Literal["stdlib", "text", "jsonl", "parquet", "hf_dataset"] = opt("text", "what the path holds")
+    kind: Literal["stdlib", "text", "jsonl", "parquet", "hf_dataset"] = opt(
+        "text", "what the path holds (stdlib: Python's own library sources, a built-in corpus)")
     path: str = opt("", "file, folder or glob (unused for stdlib)")
     field: str = opt("text", "JSONL field / Parquet column / dataset column holding the text")
     max_bytes: int = opt(0, "cap on bytes of text read from this source (0 = no cap)", ge=0)
@@ -226,14 +227,13 @@ class TrainConfig(_Section):
         mb, gb = self.micro_batch, self.global_batch
         if isinstance(mb, int) and mb > 0 and gb % mb:
             out.append(f"train.global_batch={gb} is not a multiple of train.micro_batch={mb}")
-        if min(self.steps, self.target_tokens) < 0:
-            pass  # said by the bounds
-        elif (self.steps > 0) == (self.target_tokens > 0):
-            out.append("set exactly one of train.steps and train.target_tokens (set train.steps = 0 to use "
-                       "target_tokens)")
-        elif self.target_tokens and cfg.tokens_per_step > 0 and cfg.total_steps == 0:
-            out.append(f"train.target_tokens={self.target_tokens} is less than one step of {cfg.tokens_per_step} "
-                       "tokens")
+        if min(self.steps, self.target_tokens) >= 0:  # a negative one is said by the bounds
+            if (self.steps > 0) == (self.target_tokens > 0):
+                out.append("set exactly one of train.steps and train.target_tokens (set train.steps = 0 to use "
+                           "target_tokens)")
+            elif self.target_tokens and cfg.tokens_per_step > 0 and cfg.total_steps == 0:
+                out.append(f"train.target_tokens={self.target_tokens} is less than one step of "
+                           f"{cfg.tokens_per_step} tokens")
         if self.fused_ce is True and self.precision == "fp16":
             out.append(FUSED_CE_FP16)
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -292,21 +292,21 @@ class BudgetConfig(_Section):
     tripwires: list[str] = opt([], "'RATE: target=0.9B' or 'RATE: micro=8, accum=16'")
 
     def problems(self, cfg: Config) -> list[str]:
-        from .errors import BatonError
         from .planning.plan import parse_instant
         from .planning.tripwires import parse_tripwire
 
+        out = []
         if self.quota_hours and not self.quota_reset:
-            return ["budget.quota_hours is set but budget.quota_reset is not (e.g. quota_reset = "
-                    "\"2026-09-26T00:00Z\")"]
+            out.append("budget.quota_hours is set but budget.quota_reset is not (e.g. quota_reset = "
+                       "\"2026-09-26T00:00Z\")")
         try:
             if self.quota_reset:
                 parse_instant(self.quota_reset, "budget.quota_reset")
             for w in self.tripwires:
                 parse_tripwire(w)
         except BatonError as e:
-            return [str(e)]
-        return []
+            out.append(str(e))
+        return out
 
 
 @dataclass
@@ -524,14 +524,14 @@ def _coerce(tp: Any, value: Any, name: str, problems: list[str]) -> Any:
     origin = typing.get_origin(tp)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _build(tp, value, name, problems)
-    if origin is types.UnionType or origin is typing.Union:
+    if len(_members(tp)) > 1:
         # A number or a keyword (micro_batch = 4 | "auto"): the first member type that accepts it wins.
-        for member in typing.get_args(tp):
+        for member in _members(tp):
             trial: list[str] = []
             coerced = _coerce(member, value, name, trial)
             if not trial:
                 return coerced
-        names = " or ".join(_type_name(m) for m in typing.get_args(tp))
+        names = " or ".join(_type_name(m) for m in _members(tp))
         problems.append(f"{name} must be {names}, got {type(value).__name__} {value!r}")
         return None
     if origin is Literal:  # a value of the choices' type; which of them it must be, validate says with the rest
@@ -622,7 +622,7 @@ def _bounds_text(bounds: dict[str, float]) -> str:
         ((kind, b),) = bounds.items()
         return f"{_BOUNDS[kind][0]} {b:g}"
     lo, hi = sorted(bounds, key=lambda k: k[0] == "l")  # gt|ge, then lt|le
-    return (f"in {'(' if lo == 'gt' else '['}{bounds[lo]:g}, {bounds[hi]:g}{')' if hi == 'lt' else ']'}")
+    return f"in {'(' if lo == 'gt' else '['}{bounds[lo]:g}, {bounds[hi]:g}{')' if hi == 'lt' else ']'}"
 
 
 def _type_name(tp: Any) -> str:
