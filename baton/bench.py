@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .config import Config
+from .config import Attn, Config, Precision
 from .errors import BatonError
 from .model.llama import build_model, param_count
 from .model.optimizer import build_optimizer
@@ -46,7 +46,7 @@ MiB = 1024**2
 
 @dataclass
 class Cell:
-    attn: str
+    attn: Attn
     seq_len: int
     micro_batch: int
     grad_ckpt: bool
@@ -155,7 +155,7 @@ def _trim() -> None:
         pass
 
 
-def precision_for(cfg: Config, device: torch.device) -> str:
+def precision_for(cfg: Config, device: torch.device) -> Precision:
     """The precision a training session on ``device`` runs under ``cfg`` (auto resolved as it would be)."""
     return resolve_precision(device) if cfg.train.precision == "auto" else cfg.train.precision
 
@@ -275,7 +275,7 @@ def _mark(cuda: bool) -> Any:
     return e
 
 
-def run_grid(cfg: Config, attns: list[str], seqs: list[int], micros: list[int], ckpts: list[bool],
+def run_grid(cfg: Config, attns: list[Attn], seqs: list[int], micros: list[int], ckpts: list[bool],
              compiles: list[bool], tokens_per_step: int, device: torch.device, warmup: int = 2, steps: int = 5,
              cap: int | None = None, target_tokens: int = 0, ranks: int = 1, progress=None) -> list[Cell]:
     cells = [Cell(a, s, m, c, k) for a in attns for s in seqs for m in micros for c in ckpts for k in compiles]

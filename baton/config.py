@@ -1,222 +1,376 @@
 """Typed, nested, self-validating configuration: TOML in, dotted ``--set`` overrides, JSON out.
 
-Every field's docstring-comment is the reference for it (docs/configuration.md's reference table is generated
-from the same dataclasses). Validation collects every problem before raising, so a user fixes a config in
-one pass instead of one error per run.
+Each field carries its own rules: its type (a ``Literal`` names the choices), its help text and its bounds
+(``opt``'s metadata). ``validate`` checks every field against them, then each section's cross-field rules
+(``problems``), and raises once with every problem, so a user fixes a config in one pass instead of one error
+per run. ``reference_table`` (``baton config --reference``, docs/configuration.md) is generated from the same
+metadata.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
+import operator
 import re
 import sys
 import types
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from .errors import ConfigError
+from .errors import BatonError, ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib  # novermin: imported only where the standard library has it
 else:  # Python 3.10: the same parser, as the tomli package (a dependency there)
     import tomli as tomllib
 
-ATTN_IMPLS = ("eager", "sdpa", "flash_attention_2")
-PRECISIONS = ("fp32", "bf16", "fp16", "auto")
-SCHEDULES = ("wsd", "cosine", "linear")  # optim.schedule (model.schedule computes each)
-DECAY_SHAPES = ("linear", "cosine", "1-sqrt")  # optim.decay_shape, the wsd cooldown
-PARALLEL = ("ddp", "fsdp")
 # liger's fused head writes the logits' gradient in fp16 before the GradScaler's scale applies
 # (baton.runtime.fused_ce): said by the config check when both are set, and by autotune when auto chose fp16.
 FUSED_CE_FP16 = ("train.fused_ce=true does not run under precision fp16: the fused kernel makes the logits' gradient "
                  "in fp16 before the loss scale applies, and most of it rounds to zero (set train.fused_ce = \"auto\" "
                  "or false, or train.precision = \"bf16\" on an Ampere or newer GPU)")
-OPTIMIZERS = ("adamw", "muon")  # optim.name (baton.model.optimizer builds each)
-MUON_ADJUST_LR = ("original", "match_rms_adamw", "spectral_unclamped")  # torch.optim.Muon's adjust_lr_fn
-SOURCE_KINDS = ("stdlib", "text", "jsonl", "parquet", "hf_dataset")
-SPIKE_POLICIES = ("log", "rollback", "stop")
-MAX_STORE_RETRIES = 100  # store.retries
-MAX_STORE_RETRY_SECONDS = 86400.0  # store.retry_seconds: a day, longer than any session
-MAX_STORE_REQUEST_TIMEOUT = 3600.0  # store.request_timeout: an hour of silence is a dead connection
+# The choices other modules name too (the others are written on their fields alone).
+Attn = Literal["eager", "sdpa", "flash_attention_2"]
+Precision = Literal["fp32", "bf16", "fp16", "auto"]
+Schedule = Literal["wsd", "cosine", "linear"]  # baton.model.schedule computes each
+ATTN_IMPLS: tuple[Attn, ...] = typing.get_args(Attn)
+SCHEDULES: tuple[str, ...] = typing.get_args(Schedule)
+_BOUNDS = {"gt": (">", operator.gt), "ge": (">=", operator.ge), "lt": ("<", operator.lt), "le": ("<=", operator.le)}
+
+
+def opt(default: Any, help: str, *, gt: float | None = None, ge: float | None = None, lt: float | None = None,
+        le: float | None = None) -> Any:
+    """A config field: its default, its help text (the reference's meaning) and the bounds ``validate`` checks."""
+    given = {"gt": gt, "ge": ge, "lt": lt, "le": le}
+    meta = {"help": help, "bounds": {k: v for k, v in given.items() if v is not None}}
+    if isinstance(default, list):  # each config gets its own copy of a list default
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+class _Section:
+    def problems(self, cfg: Config) -> list[str]:
+        """The rules that tie this section's fields to each other or to other sections (bounds and choices are
+        the fields' own, checked for every field alike)."""
+        return []
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(_Section):
     """The Llama shape (transformers' ``LlamaForCausalLM``)."""
 
-    n_layers: int = 4  # transformer blocks
-    hidden: int = 128  # model width; must be divisible by n_heads
-    n_heads: int = 4  # attention heads
-    n_kv_heads: int = 2  # key/value heads (GQA); must divide n_heads
-    ffn: int = 384  # SwiGLU inner width
-    vocab_size: int = 4096  # embedding rows; must be >= the tokenizer's vocabulary
-    tie_embeddings: bool = True  # share the input embedding with the output head
-    rope_theta: float = 10000.0  # RoPE base
-    max_seq_len: int = 2048  # position limit; must be >= data.seq_len
-    attn: str = "sdpa"  # eager | sdpa | flash_attention_2
-    grad_ckpt: bool = False  # activation (gradient) checkpointing
-    init_std: float = 0.02  # weight init standard deviation
-    norm_eps: float = 1e-5  # RMSNorm epsilon
+    n_layers: int = opt(4, "transformer blocks", gt=0)
+    hidden: int = opt(128, "model width; must be divisible by n_heads", gt=0)
+    n_heads: int = opt(4, "attention heads", gt=0)
+    n_kv_heads: int = opt(2, "key/value heads (GQA); must divide n_heads", gt=0)
+    ffn: int = opt(384, "SwiGLU inner width", gt=0)
+    vocab_size: int = opt(4096, "embedding rows; must be >= the tokenizer's vocabulary", gt=0)
+    tie_embeddings: bool = opt(True, "share the input embedding with the output head")
+    rope_theta: float = opt(10000.0, "RoPE base", gt=0)
+    max_seq_len: int = opt(2048, "position limit; must be >= data.seq_len", gt=0)
+    attn: Attn = opt("sdpa", "attention implementation")
+    grad_ckpt: bool = opt(False, "activation (gradient) checkpointing")
+    init_std: float = opt(0.02, "weight init standard deviation", gt=0)
+    norm_eps: float = opt(1e-5, "RMSNorm epsilon", gt=0)
+
+    def problems(self, cfg: Config) -> list[str]:
+        if min(self.hidden, self.n_heads, self.n_kv_heads) <= 0:
+            return []  # said by the bounds, and the divisions below need them
+        out = []
+        if self.hidden % self.n_heads:
+            out.append(f"model.hidden={self.hidden} is not divisible by model.n_heads={self.n_heads} (pick n_heads "
+                       f"among the divisors of hidden, e.g. {_divisors_near(self.hidden, self.n_heads)})")
+        elif (self.hidden // self.n_heads) % 2:
+            out.append(f"head dim hidden/n_heads = {self.hidden // self.n_heads} must be even for RoPE")
+        if self.n_heads % self.n_kv_heads:
+            out.append(f"model.n_heads={self.n_heads} is not divisible by model.n_kv_heads={self.n_kv_heads} (GQA "
+                       f"needs n_kv_heads to divide n_heads, e.g. {_divisors_near(self.n_heads, self.n_kv_heads)})")
+        return out
 
 
 @dataclass
 class SourceConfig:
     """One input of the data mix."""
 
-    kind: str = "text"  # stdlib | text | jsonl | parquet | hf_dataset
-    path: str = ""  # file, folder or glob (unused for stdlib)
-    field: str = "text"  # JSONL field / Parquet column / dataset column holding the text
-    max_bytes: int = 0  # cap on bytes of text read from this source (0 = no cap)
-    max_tokens: int = 0  # cap on tokens taken from this source (0 = no cap)
-    weight: float = 1.0  # repeat factor in the mix (fractional part: a seeded share of documents)
+    kind: Literal["stdlib", "text", "jsonl", "parquet", "hf_dataset"] = opt(
+        "text", "what the path holds (stdlib: Python's own library sources, a built-in corpus)")
+    path: str = opt("", "file, folder or glob (unused for stdlib)")
+    field: str = opt("text", "JSONL field / Parquet column / dataset column holding the text")
+    max_bytes: int = opt(0, "cap on bytes of text read from this source (0 = no cap)", ge=0)
+    max_tokens: int = opt(0, "cap on tokens taken from this source (0 = no cap)", ge=0)
+    weight: float = opt(1.0, "repeat factor in the mix (fractional part: a seeded share of documents)", gt=0)
 
 
 @dataclass
-class DataConfig:
+class DataConfig(_Section):
     """Prepared token shards and how the reader cuts and orders them."""
 
-    dir: str = "data/tiny"  # where `baton prepare` writes shards and `baton train` reads them
-    sources: list[SourceConfig] = field(default_factory=lambda: [SourceConfig(kind="stdlib")])  # [[data.sources]] tables (fields: data.sources[].*)
-    tokenizer: str = ""  # tokenizer.json or a local HF tokenizer folder; "" trains a byte-level BPE
-    tokenizer_vocab: int = 4096  # vocabulary size when baton trains the tokenizer
-    shard_tokens: int = 16_777_216  # tokens per shard file
-    seq_len: int = 128  # tokens per training window
-    shuffle_seed: int = 1234  # seed of the global window permutation
-    val_windows: int = 32  # held-out windows for validation (taken from the end of the stream)
-    prepare_workers: int = 0  # encoding processes for prepare (0 = one per core on large corpora, 1 = in-process)
-    decontaminate: list[str] = field(default_factory=list)  # evaluation text files/globs: drop training documents sharing an n-gram with them
-    decontam_ngram: int = 13  # n-gram length in tokens for decontaminate
-    url: str = ""  # where the prepared dataset is published: path, file://, s3:// or hf://datasets/owner/name ("" = data.dir only); train pulls it into data.dir
-    transfer_workers: int = 4  # files uploaded or downloaded at once by publish-data and the pull before training
+    dir: str = opt("data/tiny", "where `baton prepare` writes shards and `baton train` reads them")
+    sources: list[SourceConfig] = opt([SourceConfig(kind="stdlib")],
+                                      "[[data.sources]] tables (fields: data.sources[].*)")
+    tokenizer: str = opt("", "tokenizer.json or a local HF tokenizer folder; \"\" trains a byte-level BPE")
+    tokenizer_vocab: int = opt(4096, "vocabulary size when baton trains the tokenizer", gt=0)
+    shard_tokens: int = opt(16_777_216, "tokens per shard file", gt=0)
+    seq_len: int = opt(128, "tokens per training window", gt=0)
+    shuffle_seed: int = opt(1234, "seed of the global window permutation")
+    val_windows: int = opt(32, "held-out windows for validation (taken from the end of the stream)", ge=0)
+    prepare_workers: int = opt(0, "encoding processes for prepare (0 = one per core on large corpora, 1 = "
+                                  "in-process)", ge=0)
+    decontaminate: list[str] = opt([], "evaluation text files/globs: drop training documents sharing an n-gram "
+                                       "with them")
+    decontam_ngram: int = opt(13, "n-gram length in tokens for decontaminate", gt=0)
+    url: str = opt("", "where the prepared dataset is published: path, file://, s3:// or hf://datasets/owner/name "
+                       "(\"\" = data.dir only); train pulls it into data.dir")
+    transfer_workers: int = opt(4, "files uploaded or downloaded at once by publish-data and the pull before "
+                                   "training", ge=1, le=64)
+
+    def problems(self, cfg: Config) -> list[str]:
+        out = []
+        if self.seq_len > cfg.model.max_seq_len:
+            out.append(f"data.seq_len={self.seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len} (raise "
+                       "max_seq_len)")
+        kinds = _choices(_hints(SourceConfig)["kind"])
+        out += [f"data.sources[{i}] ({s.kind}) needs a path" for i, s in enumerate(self.sources)
+                if s.kind != "stdlib" and s.kind in kinds and not s.path]
+        if not self.sources and not self.tokenizer:
+            out.append("data.sources is empty (add at least one [[data.sources]] table)")
+        out += _url_problems("data.url", self.url, "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (S3) or HF_TOKEN (Hub)")
+        if self.url and self.url.rstrip("/") == cfg.store.url.rstrip("/"):
+            # The dataset sits at the root of data.url; the checkpoint store's root holds runs.
+            out.append(f"data.url is the same location as store.url ({self.url!r}); give the dataset its own folder "
+                       "or prefix, e.g. s3://bucket/datasets/NAME")
+        return out
 
 
 @dataclass
-class OptimConfig:
+class OptimConfig(_Section):
     """The optimizer (AdamW, or Muon for the blocks' matrices) and the learning-rate schedule (baton.model.schedule)."""
 
-    name: str = "adamw"  # adamw | muon (Muon for the 2-D matrices inside the blocks, AdamW for the rest); fixed for a run
-    lr: float = 3e-4  # peak learning rate
-    beta1: float = 0.9  # AdamW first-moment decay
-    beta2: float = 0.95  # AdamW second-moment decay
-    eps: float = 1e-8  # AdamW denominator epsilon
-    weight_decay: float = 0.1  # applied to matrices only, not to norms
-    grad_clip: float = 1.0  # max global gradient norm (0 = off)
-    warmup_steps: int = 100  # linear warmup length in optimizer steps
-    decay_start: float = 0.8  # fraction of the horizon where the wsd cooldown begins
-    schedule: str = "wsd"  # wsd (warmup, plateau, cooldown) | cosine | linear (both decay from the warmup's end)
-    decay_shape: str = "linear"  # the wsd cooldown's shape: linear | cosine | 1-sqrt
-    min_lr_ratio: float = 0.0  # the floor the decay falls towards, as a fraction of optim.lr, in [0, 1)
-    muon_lr: float = 0.02  # Muon's peak learning rate; the schedule scales it by the same factor as optim.lr
-    muon_momentum: float = 0.95  # Muon's momentum, in [0, 1)
-    muon_nesterov: bool = True  # Nesterov momentum for Muon
-    muon_ns_steps: int = 5  # Newton-Schulz iterations per Muon step, 1-99
-    muon_adjust_lr: str = "original"  # Muon's per-matrix lr scaling: original | match_rms_adamw | spectral_unclamped
-    muon_weight_decay: float = 0.0  # Muon's decoupled weight decay (param *= 1 - lr x decay each step)
+    name: Literal["adamw", "muon"] = opt("adamw", "adamw, or muon (Muon for the 2-D matrices inside the blocks, "
+                                                  "AdamW for the rest); fixed for a run")
+    lr: float = opt(3e-4, "peak learning rate", gt=0)
+    beta1: float = opt(0.9, "AdamW first-moment decay", ge=0, lt=1)
+    beta2: float = opt(0.95, "AdamW second-moment decay", ge=0, lt=1)
+    eps: float = opt(1e-8, "AdamW denominator epsilon", gt=0)
+    weight_decay: float = opt(0.1, "applied to matrices only, not to norms", ge=0)
+    grad_clip: float = opt(1.0, "max global gradient norm (0 = off)", ge=0)
+    warmup_steps: int = opt(100, "linear warmup length in optimizer steps", ge=0)
+    decay_start: float = opt(0.8, "fraction of the horizon where the wsd cooldown begins", gt=0, le=1)
+    schedule: Schedule = opt("wsd", "wsd (warmup, plateau, cooldown), or cosine or linear (both decay from the "
+                                       "warmup's end)")
+    decay_shape: Literal["linear", "cosine", "1-sqrt"] = opt("linear", "the wsd cooldown's shape")
+    min_lr_ratio: float = opt(0.0, "the floor the decay falls towards, as a fraction of optim.lr", ge=0, lt=1)
+    muon_lr: float = opt(0.02, "Muon's peak learning rate; the schedule scales it by the same factor as optim.lr",
+                         gt=0)
+    muon_momentum: float = opt(0.95, "Muon's momentum", ge=0, lt=1)
+    muon_nesterov: bool = opt(True, "Nesterov momentum for Muon")
+    # torch refuses 100 Newton-Schulz steps and more
+    muon_ns_steps: int = opt(5, "Newton-Schulz iterations per Muon step", ge=1, le=99)
+    muon_adjust_lr: Literal["original", "match_rms_adamw", "spectral_unclamped"] = opt(
+        "original", "Muon's per-matrix lr scaling (torch.optim.Muon's adjust_lr_fn)")
+    muon_weight_decay: float = opt(0.0, "Muon's decoupled weight decay (param *= 1 - lr x decay each step)", ge=0)
+
+    def problems(self, cfg: Config) -> list[str]:
+        if self.name == "muon" and cfg.train.parallel == "fsdp":
+            # FSDP shards each matrix over the ranks; Newton-Schulz on a shard orthogonalises another matrix.
+            return ["optim.name='muon' does not work with train.parallel='fsdp' (each rank would orthogonalise a "
+                    "shard of every matrix, not the matrix); use train.parallel='ddp' with muon, or optim.name='adamw'"]
+        return []
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(_Section):
     """The horizon, batch geometry, precision and cadence."""
 
-    steps: int = 1000  # horizon in optimizer steps (set 0 to use target_tokens)
-    target_tokens: int = 0  # horizon in tokens; steps = target_tokens // tokens_per_step
-    micro_batch: int | str = 4  # samples per rank per forward/backward, or "auto" (largest that fits the GPU)
-    global_batch: int = 16  # samples per optimizer step over all ranks (accumulation is derived)
-    precision: str = "fp32"  # fp32 | bf16 | fp16 (+ GradScaler) | auto (bf16 Ampere+, fp16 older GPUs, fp32 CPU)
-    compile: bool | str = "auto"  # torch.compile model + loss: auto (on for CUDA, off on CPU) | true | false
-    fused_ce: bool | str = "auto"  # output head + cross-entropy in one kernel (liger-kernel): auto (CUDA, if installed, not fp16) | true | false
-    deterministic: bool = False  # deterministic kernels + fixed cuBLAS workspace: bit-identical resume on CUDA, costs speed
-    device: str = "auto"  # auto | cpu | cuda | cuda:N (that GPU, in a single process)
-    seed: int = 0  # model init and dropout-free RNG seed
-    threads: int = 0  # torch CPU threads (0 = torch's default)
-    ckpt_every: int = 0  # also checkpoint every N steps (0 = only at the end of the session)
-    log_every: int = 10  # progress/metrics cadence in steps (metrics.jsonl gets every step)
-    max_nonfinite: int = 5  # consecutive skipped (non-finite) steps before the run stops
-    parallel: str = "ddp"  # ddp (a replica per rank) | fsdp (fully_shard: weights, grads, moments sharded)
-    dist_timeout: int = 600  # seconds a rank waits in a collective before failing (bounds a hang)
-    spike_policy: str = "log"  # on a loss spike: log | rollback (to the checkpoint before it, skipping its data) | stop
-    spike_threshold: float = 6.0  # a spike: loss above the window's median by this many robust sigmas (1.4826 x MAD)
-    spike_window: int = 50  # recent losses the spike threshold is measured on (no verdict before it is full)
-    spike_skip_windows: int = 0  # windows skipped on a rollback, ending with the spiking batch (0 = its global batch)
-    max_rollbacks: int = 3  # rollbacks a run may make; one more spike ends the run
-    eval_every: int = 0  # also evaluate the held-out windows every N steps (0 = only at the end of the run)
+    steps: int = opt(1000, "horizon in optimizer steps (set 0 to use target_tokens)", ge=0)
+    target_tokens: int = opt(0, "horizon in tokens; steps = target_tokens // tokens_per_step", ge=0)
+    micro_batch: int | Literal["auto"] = opt(4, "samples per rank per forward/backward, or \"auto\" (largest that "
+                                                "fits the GPU)", gt=0)
+    global_batch: int = opt(16, "samples per optimizer step over all ranks (accumulation is derived)", gt=0)
+    precision: Precision = opt("fp32", "fp16 runs with a GradScaler; auto: bf16 on Ampere+, fp16 on older GPUs, "
+                                       "fp32 on CPU")
+    compile: Literal["auto"] | bool = opt("auto", "torch.compile model + loss (auto: on for CUDA, off on CPU)")
+    fused_ce: Literal["auto"] | bool = opt("auto", "output head + cross-entropy in one kernel (liger-kernel); auto: "
+                                                   "on CUDA, if installed, not under fp16")
+    deterministic: bool = opt(False, "deterministic kernels + fixed cuBLAS workspace: bit-identical resume on CUDA, "
+                                     "costs speed")
+    device: str = opt("auto", "auto | cpu | cuda | cuda:N (that GPU, in a single process)")
+    seed: int = opt(0, "model init and dropout-free RNG seed")
+    threads: int = opt(0, "torch CPU threads (0 = torch's default)", ge=0)
+    ckpt_every: int = opt(0, "also checkpoint every N steps (0 = only at the end of the session)", ge=0)
+    log_every: int = opt(10, "progress/metrics cadence in steps (metrics.jsonl gets every step)", gt=0)
+    max_nonfinite: int = opt(5, "consecutive skipped (non-finite) steps before the run stops", gt=0)
+    parallel: Literal["ddp", "fsdp"] = opt("ddp", "ddp (a replica per rank) or fsdp (fully_shard: weights, grads, "
+                                                  "moments sharded)")
+    dist_timeout: int = opt(600, "seconds a rank waits in a collective before failing (bounds a hang)", gt=0)
+    spike_policy: Literal["log", "rollback", "stop"] = opt(
+        "log", "on a loss spike: log, rollback (to the checkpoint before it, skipping its data) or stop")
+    spike_threshold: float = opt(6.0, "a spike: loss above the window's median by this many robust sigmas "
+                                      "(1.4826 x MAD)", gt=0)
+    # a median and its spread need a few losses
+    spike_window: int = opt(50, "recent losses the spike threshold is measured on (no verdict before it is full)",
+                            ge=3)
+    spike_skip_windows: int = opt(0, "windows skipped on a rollback, ending with the spiking batch (0 = its global "
+                                     "batch)", ge=0)
+    max_rollbacks: int = opt(3, "rollbacks a run may make; one more spike ends the run", ge=0)
+    eval_every: int = opt(0, "also evaluate the held-out windows every N steps (0 = only at the end of the run)",
+                          ge=0)
+
+    def problems(self, cfg: Config) -> list[str]:
+        out = []
+        mb, gb = self.micro_batch, self.global_batch
+        if isinstance(mb, int) and mb > 0 and gb % mb:
+            out.append(f"train.global_batch={gb} is not a multiple of train.micro_batch={mb}")
+        if min(self.steps, self.target_tokens) >= 0:  # a negative one is said by the bounds
+            if (self.steps > 0) == (self.target_tokens > 0):
+                out.append("set exactly one of train.steps and train.target_tokens (set train.steps = 0 to use "
+                           "target_tokens)")
+            elif self.target_tokens and cfg.tokens_per_step > 0 and cfg.total_steps == 0:
+                out.append(f"train.target_tokens={self.target_tokens} is less than one step of "
+                           f"{cfg.tokens_per_step} tokens")
+        if self.fused_ce is True and self.precision == "fp16":
+            out.append(FUSED_CE_FP16)
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            out.append(f"train.device={self.device!r} is not auto, cpu or cuda")
+        if self.eval_every > 0 and cfg.data.val_windows == 0:  # else it would validate nothing, silently
+            out.append(f"train.eval_every={self.eval_every} needs held-out windows: set data.val_windows > 0, or "
+                       "train.eval_every = 0")
+        return out
 
 
 @dataclass
-class StoreConfig:
+class StoreConfig(_Section):
     """Where verified checkpoints live: a local folder, s3://bucket/prefix or hf://owner/repo."""
 
-    url: str = "store"  # local path, file://, s3:// or hf://
-    keep_last: int = 2  # verified checkpoints kept in the store
-    verify: str = "sample"  # sample (listing + ranged windows) | full (reread every byte)
-    async_push: bool = True  # upload + verify in the background while training goes on (one at a time)
-    retries: int = 6  # attempts per store call on transient errors (timeouts, resets, 429, 5xx); 1 to 100
-    retry_seconds: float = 300.0  # no retry starts after this long; then the push fails; up to 86400 (a day)
-    request_timeout: float = 120.0  # seconds an S3/Hub request may wait on a silent server, then retried; up to 3600
+    url: str = opt("store", "local path, file://, s3:// or hf://")
+    keep_last: int = opt(2, "verified checkpoints kept in the store", gt=0)
+    verify: Literal["sample", "full"] = opt("sample", "sample (listing + ranged windows) or full (reread every byte)")
+    async_push: bool = opt(True, "upload + verify in the background while training goes on (one at a time)")
+    # Past these bounds a value is a slip (an hour typed as milliseconds), not a policy, and the sockets' own
+    # limits would refuse it mid-run; how long retrying lasts is store.retry_seconds' to bound.
+    retries: int = opt(6, "attempts per store call on transient errors (timeouts, resets, 429, 5xx)", ge=1, le=100)
+    retry_seconds: float = opt(300.0, "no retry starts after this long (up to a day); then the push fails", gt=0,
+                               le=86400)
+    request_timeout: float = opt(120.0, "seconds an S3/Hub request may wait on a silent server, then retried (up "
+                                        "to an hour)", gt=0, le=3600)
+
+    def problems(self, cfg: Config) -> list[str]:
+        if not self.url:
+            return ["store.url is empty (a local folder, s3://bucket/prefix or hf://owner/repo)"]
+        return _url_problems("store.url", self.url, "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (S3) or HF_TOKEN "
+                                                    "(Hub)")
 
 
 @dataclass
-class BudgetConfig:
+class BudgetConfig(_Section):
     """Time and quota: when a session must stop, how hours are billed, what the quota allows."""
 
-    session_hours: float = 0.0  # stop in time to checkpoint within H hours of `baton train` starting (0 = no limit)
-    margin_minutes: float = 5.0  # kept free before the deadline, on top of the measured step and checkpoint times
-    ckpt_minutes: float | str = 0.0  # also checkpoint when M minutes passed since the last one began (0 = step cadence only; "auto" = chosen from the ledger's interruptions and checkpoint times)
-    ckpt_seconds: float = 0.0  # expected checkpoint cycle before one is measured (0 = a slow guess from the model size)
-    startup_minutes: float = 0.0  # plan: time per session before the first step (install, pull, build)
-    heartbeat_minutes: float = 10.0  # ledger heartbeat between checkpoints (0 = at checkpoints only)
-    bill_factor: float = 0.0  # billed hours per wall-clock hour (0 = one per rank; 1 for a platform that bills the machine)
-    quota_hours: float = 0.0  # billed hours allowed per quota period (0 = no quota)
-    quota_period_days: float = 7.0  # length of a quota period
-    quota_reset: str = ""  # an instant at which the quota resets, recurring every period (e.g. 2026-09-26T00:00Z)
-    cap_hours: float = 0.0  # cap on the billed hours of this run, e.g. a budget for tests (0 = none)
-    tripwires: list[str] = field(default_factory=list)  # 'RATE: target=0.9B' or 'RATE: micro=8, accum=16'
+    session_hours: float = opt(0.0, "stop in time to checkpoint within H hours of `baton train` starting (0 = no "
+                                    "limit)", ge=0)
+    margin_minutes: float = opt(5.0, "kept free before the deadline, on top of the measured step and checkpoint "
+                                     "times", ge=0)
+    ckpt_minutes: float | Literal["auto"] = opt(0.0, "also checkpoint when M minutes passed since the last one "
+                                                     "began (0 = step cadence only; \"auto\" = chosen from the "
+                                                     "ledger's interruptions and checkpoint times)", ge=0)
+    ckpt_seconds: float = opt(0.0, "expected checkpoint cycle before one is measured (0 = a slow guess from the "
+                                   "model size)", ge=0)
+    startup_minutes: float = opt(0.0, "plan: time per session before the first step (install, pull, build)", ge=0)
+    heartbeat_minutes: float = opt(10.0, "ledger heartbeat between checkpoints (0 = at checkpoints only)", ge=0)
+    bill_factor: float = opt(0.0, "billed hours per wall-clock hour (0 = one per rank; 1 for a platform that bills "
+                                  "the machine)", ge=0)
+    quota_hours: float = opt(0.0, "billed hours allowed per quota period (0 = no quota)", ge=0)
+    quota_period_days: float = opt(7.0, "length of a quota period", gt=0)
+    quota_reset: str = opt("", "an instant at which the quota resets, recurring every period (e.g. "
+                               "2026-09-26T00:00Z)")
+    cap_hours: float = opt(0.0, "cap on the billed hours of this run, e.g. a budget for tests (0 = none)", ge=0)
+    tripwires: list[str] = opt([], "'RATE: target=0.9B' or 'RATE: micro=8, accum=16'")
+
+    def problems(self, cfg: Config) -> list[str]:
+        from .planning.plan import parse_instant
+        from .planning.tripwires import parse_tripwire
+
+        out = []
+        if self.quota_hours and not self.quota_reset:
+            out.append("budget.quota_hours is set but budget.quota_reset is not (e.g. quota_reset = "
+                       "\"2026-09-26T00:00Z\")")
+        try:
+            if self.quota_reset:
+                parse_instant(self.quota_reset, "budget.quota_reset")
+            for w in self.tripwires:
+                parse_tripwire(w)
+        except BatonError as e:
+            out.append(str(e))
+        return out
 
 
 @dataclass
-class LogConfig:
+class LogConfig(_Section):
     """Where the metrics go besides metrics.jsonl (always written: it travels in every checkpoint)."""
 
-    backends: list[str] = field(default_factory=lambda: ["jsonl"])  # any of jsonl, tensorboard, wandb, mlflow (rank 0 logs)
-    project: str = "baton"  # W&B project; also the MLflow experiment unless log.experiment is set
-    entity: str = ""  # W&B entity (team or user; "" = the account's default)
-    experiment: str = ""  # MLflow experiment name ("" = log.project)
-    run_name: str = ""  # the tracker run's display name ("" = run.name)
-    mlflow_uri: str = ""  # MLflow tracking URI ("" = MLFLOW_TRACKING_URI, else MLflow's default); no credentials
+    # The names are the tracking package's (baton.tracking.names.BACKENDS, a layer below this one).
+    backends: list[str] = opt(["jsonl"], "any of jsonl, tensorboard, wandb, mlflow (rank 0 logs)")
+    project: str = opt("baton", "W&B project; also the MLflow experiment unless log.experiment is set")
+    entity: str = opt("", "W&B entity (team or user; \"\" = the account's default)")
+    experiment: str = opt("", "MLflow experiment name (\"\" = log.project)")
+    run_name: str = opt("", "the tracker run's display name (\"\" = run.name)")
+    mlflow_uri: str = opt("", "MLflow tracking URI (\"\" = MLFLOW_TRACKING_URI, else MLflow's default); no "
+                              "credentials")
+
+    def problems(self, cfg: Config) -> list[str]:
+        from .tracking.names import BACKENDS
+
+        out = [f"log.backends: {b!r} is not one of {', '.join(BACKENDS)}" for b in self.backends if b not in BACKENDS]
+        if len(set(self.backends)) != len(self.backends):
+            out.append(f"log.backends lists a backend twice: {self.backends}")
+        return out + _url_problems("log.mlflow_uri", self.mlflow_uri, "MLFLOW_TRACKING_USERNAME / "
+                                   "MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN")
 
 
 @dataclass
-class RunConfig:
+class RunConfig(_Section):
     """Names the run; the store prefix and local run directory derive from it."""
 
-    name: str = "tiny"  # run name: store prefix <name>/ and local folder <local_dir>/<name>
-    local_dir: str = "runs"  # root of local run directories
+    name: str = opt("tiny", "run name: store prefix <name>/ and local folder <local_dir>/<name>")
+    local_dir: str = opt("runs", "root of local run directories")
+
+    def problems(self, cfg: Config) -> list[str]:
+        return run_name_problems(self.name, "run.name")
 
 
 @dataclass
-class PublishConfig:
+class PublishConfig(_Section):
     """Where the finished model goes as a Hugging Face model repository (`baton publish`)."""
 
-    url: str = ""  # hf://owner/model-repo, s3://, file:// or a path: the model at its root (empty = no publishing)
-    every: int = 0  # also publish each verified checkpoint at a multiple of N steps as revision step-N (0 = off)
-    license: str = "apache-2.0"  # license named in the model card's metadata
-    tags: list[str] = field(default_factory=list)  # extra Hub tags for the model card
+    url: str = opt("", "hf://owner/model-repo, s3://, file:// or a path: the model at its root (empty = no "
+                       "publishing)")
+    every: int = opt(0, "also publish each verified checkpoint at a multiple of N steps as revision step-N (0 = off)",
+                     ge=0)
+    license: str = opt("apache-2.0", "license named in the model card's metadata")
+    tags: list[str] = opt([], "extra Hub tags for the model card")
+
+    def problems(self, cfg: Config) -> list[str]:
+        scheme = self.url.split("://", 1)[0] if "://" in self.url else None
+        if scheme not in (None, "file", "s3", "hf"):
+            return [f"publish.url {scheme}:// is not supported (use hf://owner/repo, s3://, file:// or a path)"]
+        return _url_problems("publish.url", self.url, "HF_TOKEN (Hub) or AWS_ACCESS_KEY_ID / "
+                                                      "AWS_SECRET_ACCESS_KEY (S3)")
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(_Section):
     """`baton eval` beyond the held-out windows: extra files and lm-evaluation-harness tasks."""
 
-    files: list[str] = field(default_factory=list)  # text or JSONL files scored for loss and bits per byte
-    tasks: list[str] = field(default_factory=list)  # lm-evaluation-harness task names (needs the eval extra)
-    task_dir: str = ""  # folder of local task YAML files for lm-eval (offline use)
-    limit: int = 0  # documents per lm-eval task (0 = all)
-    # Declared last: from here on the name shadows dataclasses.field in this class body.
-    field: str = "text"  # JSONL field holding the text of eval.files
+    files: list[str] = opt([], "text or JSONL files scored for loss and bits per byte")
+    tasks: list[str] = opt([], "lm-evaluation-harness task names (needs the eval extra)")
+    task_dir: str = opt("", "folder of local task YAML files for lm-eval (offline use)")
+    limit: int = opt(0, "documents per lm-eval task (0 = all)", ge=0)
+    field: str = opt("text", "JSONL field holding the text of eval.files")
 
 
 @dataclass
@@ -252,7 +406,8 @@ class Config:
 
     def validate(self) -> None:
         # A NaN or infinity makes the range checks meaningless (NaN fails none of them): named alone.
-        problems = _nonfinite_problems(self) or _semantic_problems(self)
+        problems = _nonfinite_problems(self) or [*_field_problems(self), *(
+            p for f in dataclasses.fields(self) for p in getattr(self, f.name).problems(self))]
         if problems:
             raise ConfigError(_format(problems))
 
@@ -369,16 +524,18 @@ def _coerce(tp: Any, value: Any, name: str, problems: list[str]) -> Any:
     origin = typing.get_origin(tp)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _build(tp, value, name, problems)
-    if origin is types.UnionType or origin is typing.Union:
+    if len(_members(tp)) > 1:
         # A number or a keyword (micro_batch = 4 | "auto"): the first member type that accepts it wins.
-        for member in typing.get_args(tp):
+        for member in _members(tp):
             trial: list[str] = []
             coerced = _coerce(member, value, name, trial)
             if not trial:
                 return coerced
-        names = " or ".join(getattr(m, "__name__", str(m)) for m in typing.get_args(tp))
+        names = " or ".join(_type_name(m) for m in _members(tp))
         problems.append(f"{name} must be {names}, got {type(value).__name__} {value!r}")
         return None
+    if origin is Literal:  # a value of the choices' type; which of them it must be, validate says with the rest
+        return _coerce(type(typing.get_args(tp)[0]), value, name, problems)
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if not isinstance(value, list):
@@ -406,232 +563,81 @@ def _format(problems: list[str]) -> str:
     return f"invalid config ({len(problems)} problems):\n  - " + "\n  - ".join(problems)
 
 
-def _semantic_problems(cfg: Config) -> list[str]:
-    p: list[str] = []
-    m, d, o, t, s = cfg.model, cfg.data, cfg.optim, cfg.train, cfg.store
-
-    def positive(name: str, value: Any) -> bool:
-        if value is None or value <= 0:
-            p.append(f"{name} must be > 0, got {value}")
-            return False
-        return True
-
-    shape_ok = all(
-        [positive(f"model.{k}", getattr(m, k)) for k in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn", "vocab_size")]
-    )
-    if shape_ok:
-        if m.hidden % m.n_heads:
-            p.append(
-                f"model.hidden={m.hidden} is not divisible by model.n_heads={m.n_heads} "
-                f"(pick n_heads among the divisors of hidden, e.g. {_divisors_near(m.hidden, m.n_heads)})"
-            )
-        elif (m.hidden // m.n_heads) % 2:
-            p.append(f"head dim hidden/n_heads = {m.hidden // m.n_heads} must be even for RoPE")
-        if m.n_heads % m.n_kv_heads:
-            p.append(
-                f"model.n_heads={m.n_heads} is not divisible by model.n_kv_heads={m.n_kv_heads} "
-                f"(GQA needs n_kv_heads to divide n_heads, e.g. {_divisors_near(m.n_heads, m.n_kv_heads)})"
-            )
-    if m.attn not in ATTN_IMPLS:
-        p.append(f"model.attn={m.attn!r} is not one of {', '.join(ATTN_IMPLS)}")
-    if positive("data.seq_len", d.seq_len) and m.max_seq_len is not None and d.seq_len > m.max_seq_len:
-        p.append(f"data.seq_len={d.seq_len} exceeds model.max_seq_len={m.max_seq_len} (raise max_seq_len)")
-    positive("data.shard_tokens", d.shard_tokens)
-    positive("data.decontam_ngram", d.decontam_ngram)
-    if d.prepare_workers is not None and d.prepare_workers < 0:
-        p.append(f"data.prepare_workers must be >= 0 (0 = automatic), got {d.prepare_workers}")
-    positive("data.tokenizer_vocab", d.tokenizer_vocab)
-    if d.val_windows is not None and d.val_windows < 0:
-        p.append(f"data.val_windows must be >= 0, got {d.val_windows}")
-    for i, src in enumerate(d.sources):
-        if src.kind not in SOURCE_KINDS:
-            p.append(f"data.sources[{i}].kind={src.kind!r} is not one of {', '.join(SOURCE_KINDS)}")
-        elif src.kind != "stdlib" and not src.path:
-            p.append(f"data.sources[{i}] ({src.kind}) needs a path")
-        if src.weight is not None and src.weight <= 0:
-            p.append(f"data.sources[{i}].weight must be > 0, got {src.weight}")
-        for k in ("max_bytes", "max_tokens"):
-            if getattr(src, k) is not None and getattr(src, k) < 0:
-                p.append(f"data.sources[{i}].{k} must be >= 0 (0 = no cap), got {getattr(src, k)}")
-    if not d.sources and not d.tokenizer:
-        p.append("data.sources is empty (add at least one [[data.sources]] table)")
-    positive("optim.lr", o.lr)
-    positive("optim.eps", o.eps)
-    for k in ("beta1", "beta2"):  # AdamW's decays; torch would refuse them only when the optimizer is built
-        if getattr(o, k) is not None and not 0.0 <= getattr(o, k) < 1.0:
-            p.append(f"optim.{k} must be in [0, 1), got {getattr(o, k)}")
-    if o.weight_decay is not None and o.weight_decay < 0:
-        p.append(f"optim.weight_decay must be >= 0, got {o.weight_decay}")
-    for k in ("rope_theta", "init_std", "norm_eps"):
-        positive(f"model.{k}", getattr(m, k))
-    if o.warmup_steps is not None and o.warmup_steps < 0:
-        p.append(f"optim.warmup_steps must be >= 0, got {o.warmup_steps}")
-    if o.decay_start is not None and not 0.0 < o.decay_start <= 1.0:
-        p.append(f"optim.decay_start must be in (0, 1], got {o.decay_start}")
-    if o.schedule not in SCHEDULES:
-        p.append(f"optim.schedule={o.schedule!r} is not one of {', '.join(SCHEDULES)}")
-    if o.decay_shape not in DECAY_SHAPES:
-        p.append(f"optim.decay_shape={o.decay_shape!r} is not one of {', '.join(DECAY_SHAPES)}")
-    if o.min_lr_ratio is not None and not 0.0 <= o.min_lr_ratio < 1.0:
-        p.append(f"optim.min_lr_ratio must be in [0, 1), got {o.min_lr_ratio}")
-    if o.grad_clip is not None and o.grad_clip < 0:
-        p.append(f"optim.grad_clip must be >= 0, got {o.grad_clip}")
-    p += _muon_problems(o, t)
-    if isinstance(t.micro_batch, str):
-        if t.micro_batch != "auto":
-            p.append(f"train.micro_batch={t.micro_batch!r} is neither a number nor \"auto\"")
-        positive("train.global_batch", t.global_batch)
-    elif positive("train.micro_batch", t.micro_batch) and positive("train.global_batch", t.global_batch):
-        if t.global_batch % t.micro_batch:
-            p.append(
-                f"train.global_batch={t.global_batch} is not a multiple of train.micro_batch={t.micro_batch}"
-            )
-    if t.steps is not None and t.target_tokens is not None:
-        if (t.steps > 0) == (t.target_tokens > 0):
-            p.append("set exactly one of train.steps and train.target_tokens (set train.steps = 0 to use target_tokens)")
-        elif t.steps < 0 or t.target_tokens < 0:
-            p.append("train.steps and train.target_tokens must be >= 0")
-        elif t.target_tokens and d.seq_len and t.global_batch and cfg.total_steps == 0:
-            p.append(
-                f"train.target_tokens={t.target_tokens} is less than one step of {cfg.tokens_per_step} tokens"
-            )
-    if t.precision not in PRECISIONS:
-        p.append(f"train.precision={t.precision!r} is not one of {', '.join(PRECISIONS)}")
-    if isinstance(t.compile, str) and t.compile != "auto":
-        p.append(f"train.compile={t.compile!r} is not auto, true or false")
-    if isinstance(t.fused_ce, str) and t.fused_ce != "auto":
-        p.append(f"train.fused_ce={t.fused_ce!r} is not auto, true or false")
-    elif t.fused_ce is True and t.precision == "fp16":
-        p.append(FUSED_CE_FP16)
-    if t.device not in ("auto", "cpu", "cuda") and not str(t.device).startswith("cuda:"):
-        p.append(f"train.device={t.device!r} is not auto, cpu or cuda")
-    for k in ("ckpt_every", "threads"):
-        if getattr(t, k) is not None and getattr(t, k) < 0:
-            p.append(f"train.{k} must be >= 0")
-    positive("train.log_every", t.log_every)
-    positive("train.max_nonfinite", t.max_nonfinite)
-    positive("train.dist_timeout", t.dist_timeout)
-    if t.spike_policy not in SPIKE_POLICIES:
-        p.append(f"train.spike_policy={t.spike_policy!r} is not one of {', '.join(SPIKE_POLICIES)}")
-    positive("train.spike_threshold", t.spike_threshold)
-    if t.spike_window is not None and t.spike_window < 3:
-        p.append(f"train.spike_window must be >= 3 (a median and its spread need a few losses), got {t.spike_window}")
-    for k in ("spike_skip_windows", "max_rollbacks"):
-        if getattr(t, k) is not None and getattr(t, k) < 0:
-            p.append(f"train.{k} must be >= 0, got {getattr(t, k)}")
-    if t.eval_every is not None and t.eval_every < 0:
-        p.append(f"train.eval_every must be >= 0 (0 = only at the end), got {t.eval_every}")
-    elif t.eval_every and cfg.data.val_windows == 0:  # else it would validate nothing, silently
-        p.append(f"train.eval_every={t.eval_every} needs held-out windows: set data.val_windows > 0, or "
-                 "train.eval_every = 0")
-    p.extend(_log_problems(cfg.log))
-    if t.parallel not in PARALLEL:
-        p.append(f"train.parallel={t.parallel!r} is not one of {', '.join(PARALLEL)}")
-    if s.verify not in ("sample", "full"):
-        p.append(f"store.verify={s.verify!r} is not sample or full")
-    positive("store.keep_last", s.keep_last)
-    if positive("store.retries", s.retries) and s.retries > MAX_STORE_RETRIES:
-        # A count past this is a slip, not a policy: how long retrying may last is store.retry_seconds' to bound.
-        p.append(f"store.retries must be at most {MAX_STORE_RETRIES}, got {s.retries} (to retry for longer, raise "
-                 "store.retry_seconds)")
-    # Past these a value is a slip (an hour typed as milliseconds), and the sockets' own limits refuse it mid-run.
-    if positive("store.retry_seconds", s.retry_seconds) and s.retry_seconds > MAX_STORE_RETRY_SECONDS:
-        p.append(f"store.retry_seconds must be at most {MAX_STORE_RETRY_SECONDS:g} (a day), got {s.retry_seconds:g}")
-    if positive("store.request_timeout", s.request_timeout) and s.request_timeout > MAX_STORE_REQUEST_TIMEOUT:
-        p.append(f"store.request_timeout must be at most {MAX_STORE_REQUEST_TIMEOUT:g} seconds (an hour), got "
-                 f"{s.request_timeout:g}")
-    if not s.url:
-        p.append("store.url is empty (a local folder, s3://bucket/prefix or hf://owner/repo)")
-    elif _url_has_credentials(s.url):
-        # Named, never echoed: the config is printed, logged and saved in every checkpoint.
-        p.append("store.url must not carry credentials (user:password@ in the URL or in its endpoint); set "
-                 "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (S3) or HF_TOKEN (Hub) in the environment instead")
-    from .guard import file_url_problem
-
-    for key, url in (("store.url", s.url), ("data.url", d.url), ("publish.url", cfg.publish.url)):
-        if url and (problem := file_url_problem(url, key)):
-            p.append(problem)
-    p.extend(_data_url_problems(d, s))
-    p.extend(_publish_problems(cfg))
-    b = cfg.budget
-    if isinstance(b.ckpt_minutes, str) and b.ckpt_minutes != "auto":
-        p.append(f"budget.ckpt_minutes={b.ckpt_minutes!r} is neither a number of minutes nor \"auto\" (chosen from "
-                 "the measured checkpoint cycle and the interruptions in the ledger)")
-    for k in ("session_hours", "margin_minutes", "ckpt_minutes", "ckpt_seconds", "startup_minutes",
-              "heartbeat_minutes", "bill_factor", "quota_hours", "cap_hours"):
-        if isinstance(getattr(b, k), (int, float)) and getattr(b, k) < 0:
-            p.append(f"budget.{k} must be >= 0, got {getattr(b, k)}")
-    if b.quota_period_days is not None and b.quota_period_days <= 0:
-        p.append(f"budget.quota_period_days must be > 0, got {b.quota_period_days}")
-    if b.quota_hours and not b.quota_reset:
-        p.append("budget.quota_hours is set but budget.quota_reset is not (e.g. quota_reset = \"2026-09-26T00:00Z\")")
-    p.extend(_budget_text_problems(b))
-    p.extend(run_name_problems(cfg.run.name, "run.name"))
-    return p
+# --------------------------------------------------------------------------------------------------
+# the rules every field declares: its choices (a Literal type) and its bounds (opt's metadata)
 
 
-def _muon_problems(o: OptimConfig, t: TrainConfig) -> list[str]:
-    """The optimizer's name and Muon's settings (checked whichever optimizer runs: a typo is a typo)."""
+def _leaves(obj: Any, where: str = "") -> Iterator[tuple[str, Any, Any, dataclasses.Field[Any]]]:
+    """(dotted key, type, value, field) for every value field, in field order, through data.sources[i]."""
+    hints = _hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value, key = getattr(obj, f.name), f"{where}.{f.name}" if where else f.name
+        if dataclasses.is_dataclass(value):
+            yield from _leaves(value, key)
+        elif isinstance(value, list) and value and all(dataclasses.is_dataclass(v) for v in value):
+            for i, item in enumerate(value):
+                yield from _leaves(item, f"{key}[{i}]")
+        else:
+            yield key, hints[f.name], value, f
+
+
+def _nonfinite_problems(cfg: Config) -> list[str]:
+    """Every float key must be a finite number: NaN passes every range check (all comparisons are false)."""
+    return [f"{key} must be a finite number, got {value}" for key, _, value, _ in _leaves(cfg)
+            if isinstance(value, float) and not math.isfinite(value)]
+
+
+def _field_problems(cfg: Config) -> list[str]:
     out = []
-    if o.name not in OPTIMIZERS:
-        out.append(f"optim.name={o.name!r} is not one of {', '.join(OPTIMIZERS)}")
-    if o.muon_lr is not None and not o.muon_lr > 0:  # NaN fails this too
-        out.append(f"optim.muon_lr must be > 0, got {o.muon_lr}")
-    if o.muon_momentum is not None and not 0.0 <= o.muon_momentum < 1.0:
-        out.append(f"optim.muon_momentum must be in [0, 1), got {o.muon_momentum}")
-    if o.muon_ns_steps is not None and not 1 <= o.muon_ns_steps <= 99:  # torch refuses 100 and more
-        out.append(f"optim.muon_ns_steps must be in 1-99, got {o.muon_ns_steps}")
-    if o.muon_adjust_lr is not None and o.muon_adjust_lr not in MUON_ADJUST_LR:
-        out.append(f"optim.muon_adjust_lr={o.muon_adjust_lr!r} is not one of {', '.join(MUON_ADJUST_LR)}")
-    if o.muon_weight_decay is not None and not o.muon_weight_decay >= 0:
-        out.append(f"optim.muon_weight_decay must be >= 0, got {o.muon_weight_decay}")
-    if o.name == "muon" and t.parallel == "fsdp":
-        # FSDP shards each matrix over the ranks; Newton-Schulz on a shard orthogonalises another matrix.
-        out.append("optim.name='muon' does not work with train.parallel='fsdp' (each rank would orthogonalise a "
-                   "shard of every matrix, not the matrix); use train.parallel='ddp' with muon, or optim.name='adamw'")
+    for key, tp, value, f in _leaves(cfg):
+        allowed, bounds = _choices(tp), f.metadata.get("bounds", {})
+        if isinstance(value, str) and allowed and value not in allowed:
+            out.append(_choice_problem(key, tp, value))
+        elif bounds and not isinstance(value, str) and not all(_BOUNDS[k][1](value, b) for k, b in bounds.items()):
+            out.append(f"{key} must be {_bounds_text(bounds)}, got {value}")
     return out
 
 
-def _data_url_problems(d: DataConfig, s: StoreConfig) -> list[str]:
-    out = []
-    if d.transfer_workers is not None and not 1 <= d.transfer_workers <= 64:
-        out.append(f"data.transfer_workers must be in 1..64, got {d.transfer_workers}")
-    if d.url and _url_has_credentials(d.url):
-        out.append("data.url must not carry credentials (user:password@); set AWS_ACCESS_KEY_ID / "
-                   "AWS_SECRET_ACCESS_KEY (S3) or HF_TOKEN (Hub) in the environment instead")
-    elif d.url and d.url.rstrip("/") == (s.url or "").rstrip("/"):
-        # The dataset sits at the root of data.url; the checkpoint store's root holds runs.
-        out.append(f"data.url is the same location as store.url ({d.url!r}); give the dataset its own folder or "
-                   "prefix, e.g. s3://bucket/datasets/NAME")
-    return out
+def _members(tp: Any) -> tuple[Any, ...]:
+    return typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
 
 
-def _publish_problems(cfg: Config) -> list[str]:
-    out = []
-    url = cfg.publish.url
-    if url and "://" in url and url.split("://", 1)[0] not in ("file", "s3", "hf"):
-        out.append(f"publish.url {url.split('://', 1)[0]}:// is not supported (use hf://owner/repo, s3://, file:// "
-                   "or a path)")
-    elif url and _url_has_credentials(url):
-        out.append("publish.url must not carry credentials; set HF_TOKEN or AWS_* in the environment instead")
-    if cfg.publish.every < 0:
-        out.append(f"publish.every must be >= 0, got {cfg.publish.every}")
-    if cfg.eval.limit < 0:
-        out.append(f"eval.limit must be >= 0, got {cfg.eval.limit}")
-    return out
+def _choices(tp: Any) -> list[str]:
+    return [c for m in _members(tp) if typing.get_origin(m) is Literal for c in typing.get_args(m)]
 
 
-def _log_problems(lg: LogConfig) -> list[str]:
-    from .tracking.names import BACKENDS
+def _choice_problem(key: str, tp: Any, value: str) -> str:
+    if typing.get_origin(tp) is Literal:
+        return f"{key}={value!r} is not one of {', '.join(_choices(tp))}"
+    words = {bool: ["true", "false"], int: ["a number"], float: ["a number"]}
+    alts = [w for m in _members(tp) for w in (typing.get_args(m) if typing.get_origin(m) is Literal else words[m])]
+    if len(alts) == 2:
+        return f"{key}={value!r} is neither {alts[0]} nor {alts[1]}"
+    return f"{key}={value!r} is not {', '.join(alts[:-1])} or {alts[-1]}"
 
-    out = [f"log.backends: {b!r} is not one of {', '.join(BACKENDS)}" for b in lg.backends or []
-           if b not in BACKENDS]
-    if len(set(lg.backends or [])) != len(lg.backends or []):
-        out.append(f"log.backends lists a backend twice: {lg.backends}")
-    if lg.mlflow_uri and _url_has_credentials(lg.mlflow_uri):
-        out.append("log.mlflow_uri must not carry credentials (user:password@); set MLFLOW_TRACKING_USERNAME / "
-                   "MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN in the environment instead")
-    return out
+
+def _bounds_text(bounds: dict[str, float]) -> str:
+    """``> 0``, ``>= 3``, or a range ``in [0, 1)`` with the brackets of its bounds' kinds."""
+    if len(bounds) == 1:
+        ((kind, b),) = bounds.items()
+        return f"{_BOUNDS[kind][0]} {b:g}"
+    lo, hi = sorted(bounds, key=lambda k: k[0] == "l")  # gt|ge, then lt|le
+    return f"in {'(' if lo == 'gt' else '['}{bounds[lo]:g}, {bounds[hi]:g}{')' if hi == 'lt' else ']'}"
+
+
+def _type_name(tp: Any) -> str:
+    """int, list[str], ``eager | sdpa | flash_attention_2``, ``int | auto``: as the reference shows it."""
+    if typing.get_origin(tp) is Literal:
+        return " | ".join(typing.get_args(tp))
+    if len(_members(tp)) > 1:
+        return " | ".join(_type_name(m) for m in _members(tp))
+    if typing.get_origin(tp) is list:
+        return f"list[{_type_name(typing.get_args(tp)[0])}]"
+    return str(tp.__name__)
+
+
+# --------------------------------------------------------------------------------------------------
+# cross-field helpers
 
 
 def run_name_problems(name: Any, what: str) -> list[str]:
@@ -647,39 +653,14 @@ RUN_NAME_MAX = 100
 RUN_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{RUN_NAME_MAX - 1}}}")
 
 
-def _nonfinite_problems(cfg: Config) -> list[str]:
-    """Every float key must be a finite number: NaN passes every range check (all comparisons are false)."""
-    out = []
+def _url_problems(key: str, url: str, env: str) -> list[str]:
+    """A file:// URL names an absolute path, and no URL carries credentials: those are named, never echoed (the
+    config is printed, logged and saved in every checkpoint)."""
+    from .guard import file_url_problem
 
-    def walk(obj: Any, where: str) -> None:
-        for f in dataclasses.fields(obj):
-            value, name = getattr(obj, f.name), f"{where}.{f.name}" if where else f.name
-            if dataclasses.is_dataclass(value):
-                walk(value, name)
-            elif isinstance(value, list):
-                for i, item in enumerate(value):
-                    if dataclasses.is_dataclass(item):
-                        walk(item, f"{name}[{i}]")
-            elif isinstance(value, float) and not math.isfinite(value):
-                out.append(f"{name} must be a finite number, got {value}")
-
-    walk(cfg, "")
-    return out
-
-
-def _budget_text_problems(b: BudgetConfig) -> list[str]:
-    from .errors import BatonError
-    from .planning.plan import parse_instant
-    from .planning.tripwires import parse_tripwire
-
-    out = []
-    try:
-        if b.quota_reset:
-            parse_instant(b.quota_reset, "budget.quota_reset")
-        for w in b.tripwires or []:
-            parse_tripwire(w)
-    except BatonError as e:
-        out.append(str(e))
+    out = [p] if url and (p := file_url_problem(url, key)) else []
+    if _url_has_credentials(url):
+        out.append(f"{key} must not carry credentials (user:password@); set {env} in the environment instead")
     return out
 
 
@@ -706,20 +687,14 @@ def _divisors_near(n: int, k: int) -> str:
 
 
 def reference_table() -> list[tuple[str, str, str, str]]:
-    """(key, type, default, meaning) for every field; the reference table of docs/configuration.md."""
-    import inspect
-
+    """(key, type, default, meaning) for every field, from the fields' types and metadata; the reference table of
+    docs/configuration.md."""
     rows: list[tuple[str, str, str, str]] = []
     for section, cls in [*_hints(Config).items(), ("data.sources[]", SourceConfig)]:
-        src = inspect.getsource(cls).splitlines()
-        comments = {}
-        for line in src:
-            stripped = line.strip()
-            if ":" in stripped and "#" in stripped and not stripped.startswith(("#", '"')):
-                comments[stripped.split(":", 1)[0]] = stripped.split("#", 1)[1].strip()
         default = cls()
-        for name, tp in _hints(cls).items():
-            value = getattr(default, name)
+        for f in dataclasses.fields(cls):
+            tp, value, bounds = _hints(cls)[f.name], getattr(default, f.name), f.metadata["bounds"]
             shown = "[…]" if isinstance(value, list) else json.dumps(value)
-            rows.append((f"{section}.{name}", getattr(tp, "__name__", str(tp)), shown, comments.get(name, "")))
+            kind = _type_name(tp) + (f", {_bounds_text(bounds)}" if bounds else "")
+            rows.append((f"{section}.{f.name}", kind, shown, f.metadata["help"]))
     return rows

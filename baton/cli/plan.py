@@ -83,13 +83,14 @@ def run_bench(args, cfg: Config) -> int:
     from ..runtime.device import pick_device
 
     device = pick_device(cfg.train.device)
-    attns = args.attn.split(",") if args.attn else ["eager", "sdpa"] + (
+    names = args.attn.split(",") if args.attn else ["eager", "sdpa"] + (
         ["flash_attention_2"] if bench.flash_available(device) else [])
     from ..config import ATTN_IMPLS
 
-    bad = [a for a in attns if a not in ATTN_IMPLS]
+    bad = [a for a in names if a not in ATTN_IMPLS]
     if bad:
         raise BatonError(f"--attn {','.join(bad)}: not one of {', '.join(ATTN_IMPLS)}")
+    attns = [a for n in names for a in ATTN_IMPLS if a == n]  # each name as the model.attn choice it is
     seqs = _list(args.seq, int, "--seq") if args.seq else [cfg.data.seq_len]
     if args.micro:
         micros = _list(args.micro, int, "--micro")

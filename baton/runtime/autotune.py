@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..config import Config
+from ..config import Config, Precision
 from ..errors import ConfigError
 from . import fused_ce, memory
 
@@ -78,7 +78,7 @@ def resolve(cfg: Config, device: torch.device, world: int) -> dict[str, Any]:
     return notes
 
 
-def resolve_precision(device: torch.device) -> str:
+def resolve_precision(device: torch.device) -> Precision:
     """auto: bf16 where the GPU has bf16 tensor cores (Ampere and newer), else fp16 with a GradScaler;
     fp32 on CPU (autocast there costs more than it saves for these models).
 

@@ -101,17 +101,16 @@ def test_bool_is_not_an_int(tmp_path):
 
 def test_store_retries_has_an_upper_bound():
     assert load_config(None, ["store.retries=100"]).store.retries == 100
-    with pytest.raises(ConfigError, match=r"store.retries must be at most 100, got 1000000000 \(to retry for "
-                                          r"longer, raise store.retry_seconds\)"):
+    with pytest.raises(ConfigError, match=r"store.retries must be in \[1, 100\], got 1000000000$"):
         load_config(None, ["store.retries=1000000000"])
 
 
 def test_store_retry_seconds_and_request_timeout_have_upper_bounds():
     cfg = load_config(None, ["store.retry_seconds=86400", "store.request_timeout=3600"])
     assert (cfg.store.retry_seconds, cfg.store.request_timeout) == (86400, 3600)
-    with pytest.raises(ConfigError, match=r"store.retry_seconds must be at most 86400 \(a day\), got 1e\+07"):
+    with pytest.raises(ConfigError, match=r"store.retry_seconds must be in \(0, 86400\], got 10000000.0$"):
         load_config(None, ["store.retry_seconds=1e7"])
-    with pytest.raises(ConfigError, match=r"store.request_timeout must be at most 3600 seconds \(an hour\), got 3601"):
+    with pytest.raises(ConfigError, match=r"store.request_timeout must be in \(0, 3600\], got 3601.0$"):
         load_config(None, ["store.request_timeout=3601"])
 
 
@@ -145,7 +144,7 @@ def test_docs_reference_lists_every_config_key():
     page = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     for key, _, _, meaning in reference_table():
         assert f"| `{key}` |" in page, f"docs/configuration.md's reference lacks {key}"
-        assert meaning, f"{key} has no meaning comment in baton/config.py"
+        assert meaning, f"{key} has no help text in baton/config.py"
 
 
 def test_docs_reference_is_the_generated_table(baton_cli):

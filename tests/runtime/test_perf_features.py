@@ -180,7 +180,7 @@ def test_micro_batch_flag_is_validated(make_config, baton_cli):
     p = baton_cli("train", "-c", str(make_config()), "--micro-batch", "most")
     assert p.returncode == 2
     assert p.stderr.strip().splitlines()[-1] == \
-        'baton: error: invalid config: train.micro_batch=\'most\' is neither a number nor "auto"'
+        'baton: error: invalid config: train.micro_batch=\'most\' is neither a number nor auto'
 
 
 @pytest.mark.parametrize("setting, tf32", [("tf32", True), ("ieee", False)])

@@ -1,0 +1,79 @@
+"""Every config field carries its own rules (help text, bounds in its metadata, choices in its Literal type), and
+``Config.validate`` enforces each of them, whichever field it is: the cases are generated from the metadata."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import pytest
+
+from baton.config import Config, SourceConfig, reference_table
+from baton.errors import ConfigError
+
+SECTIONS = [*typing.get_type_hints(Config).items(), ("data.sources[0]", SourceConfig)]
+FIELDS = [(where, f, typing.get_type_hints(cls)[f.name]) for where, cls in SECTIONS for f in dataclasses.fields(cls)]
+BOUNDS = [(f"{where}.{f.name}", kind, bound, tp) for where, f, tp in FIELDS
+          for kind, bound in f.metadata["bounds"].items()]
+CHOICES = [f"{where}.{f.name}" for where, f, tp in FIELDS
+           if typing.Literal in {typing.get_origin(m) for m in (tp, *typing.get_args(tp))}]
+BEYOND = {"gt": 0, "ge": -1, "lt": 0, "le": 1}  # offset from the bound to the nearest refused whole value
+
+
+def _set(key: str, value: object) -> Config:
+    cfg = Config()
+    where, name = key.rsplit(".", 1)
+    section = cfg.data.sources[0] if where == "data.sources[0]" else getattr(cfg, where)
+    setattr(section, name, value)
+    return cfg
+
+
+def _problems(cfg: Config) -> str:
+    try:
+        cfg.validate()
+    except ConfigError as e:
+        return str(e)
+    return ""
+
+
+def _number(tp: object, value: float) -> float:
+    return float(value) if float in (typing.get_args(tp) or (tp,)) else int(value)
+
+
+def test_every_field_has_help_text():
+    assert [f"{where}.{f.name}" for where, f, _ in FIELDS if not f.metadata.get("help")] == []
+    assert len(BOUNDS) > 40 and len(CHOICES) >= 10  # the metadata is there to generate the cases below
+
+
+@pytest.mark.parametrize("key, kind, bound, tp", BOUNDS, ids=[f"{k}-{kind}" for k, kind, _, _ in BOUNDS])
+def test_a_value_beyond_a_declared_bound_is_refused(key, kind, bound, tp):
+    value = _number(tp, bound + BEYOND[kind])
+    assert f"{key} must be " in _problems(_set(key, value)) and f"got {value}" in _problems(_set(key, value))
+    if kind in ("ge", "le"):  # the bound itself is inside
+        assert f"{key} must be " not in _problems(_set(key, _number(tp, bound)))
+
+
+@pytest.mark.parametrize("key", CHOICES)
+def test_a_value_outside_a_fields_choices_is_refused(key):
+    assert f"{key}='nope' is " in _problems(_set(key, "nope"))
+
+
+def test_problems_come_in_field_order_then_the_cross_field_rules():
+    cfg = Config()
+    cfg.train.log_every, cfg.model.attn, cfg.optim.lr, cfg.model.hidden = 0, "x", -1.0, 102  # type: ignore[assignment]
+    lines = _problems(cfg).splitlines()[1:]
+    assert lines == ["  - model.attn='x' is not one of eager, sdpa, flash_attention_2",
+                     "  - optim.lr must be > 0, got -1.0",
+                     "  - train.log_every must be > 0, got 0",
+                     "  - model.hidden=102 is not divisible by model.n_heads=4 (pick n_heads among the divisors of "
+                     "hidden, e.g. 2, 3, 6)"]
+
+
+def test_the_reference_shows_choices_and_bounds_from_the_types_and_metadata():
+    rows = {key: (tp, default, meaning) for key, tp, default, meaning in reference_table()}
+    assert rows["model.attn"] == ("eager | sdpa | flash_attention_2", '"sdpa"', "attention implementation")
+    assert rows["train.micro_batch"][0] == "int | auto, > 0"
+    assert rows["train.compile"][0] == "auto | bool"
+    assert rows["optim.beta1"][0] == "float, in [0, 1)" and rows["optim.muon_ns_steps"][0] == "int, in [1, 99]"
+    assert rows["data.sources[].weight"][0] == "float, > 0"
+    assert len(rows) == len(FIELDS)
