@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# Model shapes the benchmarks can use. "tiny" is configs/tiny.toml (the CPU demo), "test" is the test
+# Model shapes the benchmarks can use. "tiny" is configs/tiny.toml's model (the CPU demo) at 32 samples a step, "test" is the test
 # suite's model (steps of a few milliseconds, where any per-step overhead shows most).
 SHAPES = {
     "tiny": {"n_layers": 4, "hidden": 192, "n_heads": 6, "n_kv_heads": 2, "ffn": 512, "vocab_size": 4096,

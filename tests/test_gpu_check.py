@@ -53,6 +53,13 @@ def test_gpu_check_smoke(tmp_path):
     assert 1 <= ev["eval_micro_batch"] <= ev["micro_batch"]
     # Two ranks (gloo here, NCCL on the GPU): an overflow on one rank's shard skipped the step on both.
     assert rows["fsdp_fp16"]["checks"] == {"overflow_on_one_shard_skips_every_rank": True, "clean_step_updates": True}
+    # Each rank's own record: at step 0 only rank 1's shard overflowed, both skipped and halved the scale; step 1
+    # is clean, so both update and keep the scale.
+    r0, r1 = (json.loads((tmp_path / "work" / "cases" / "fsdp_fp16" / f"rank-{r}.json").read_text()) for r in (0, 1))
+    assert r0[0]["own_grads_finite"] is True and r1[0]["own_grads_finite"] is False
+    for r in (r0, r1):
+        assert r[0]["weights_unchanged"] is True and (r[0]["scale_before"], r[0]["scale_after"]) == (1024.0, 512.0)
+        assert r[1]["weights_unchanged"] is False and (r[1]["scale_before"], r[1]["scale_after"]) == (512.0, 512.0)
     # The Trainer race ran the same steps on both sides.
     if rows["trainer"]["status"] == "ok":
         assert rows["trainer"]["steps_each"] == 4 and rows["trainer"]["steps_measured"] == 3
