@@ -37,7 +37,7 @@ FUSED_CE_FP16 = ("train.fused_ce=true does not run under precision fp16: the fus
                  "or false, or train.precision = \"bf16\" on an Ampere or newer GPU)")
 OPTIMIZERS = ("adamw", "muon")  # optim.name (baton.model.optimizer builds each)
 MUON_ADJUST_LR = ("original", "match_rms_adamw", "spectral_unclamped")  # torch.optim.Muon's adjust_lr_fn
-SOURCE_KINDS = ("stdlib", "text", "jsonl", "parquet", "hf_dataset")
+SOURCE_KINDS = ("stdlib", "text", "jsonl", "parquet", "hf_dataset", "hub")
 SPIKE_POLICIES = ("log", "rollback", "stop")
 MAX_STORE_RETRIES = 100  # store.retries
 MAX_STORE_RETRY_SECONDS = 86400.0  # store.retry_seconds: a day, longer than any session
@@ -67,12 +67,17 @@ class ModelConfig:
 class SourceConfig:
     """One input of the data mix."""
 
-    kind: str = "text"  # stdlib | text | jsonl | parquet | hf_dataset
+    kind: str = "text"  # stdlib | text | jsonl | parquet | hf_dataset | hub (a Hub dataset repository)
     path: str = ""  # file, folder or glob (unused for stdlib)
     field: str = "text"  # JSONL field / Parquet column / dataset column holding the text
     max_bytes: int = 0  # cap on bytes of text read from this source (0 = no cap)
     max_tokens: int = 0  # cap on tokens taken from this source (0 = no cap)
     weight: float = 1.0  # repeat factor in the mix (fractional part: a seeded share of documents)
+    repo: str = ""  # kind hub: the dataset repository, owner/name (HF_TOKEN for a private or gated one)
+    revision: str = "main"  # kind hub: branch, tag or commit; prepare pins the commit it resolves to
+    files: str = ""  # kind hub: which files of the repository, a glob (e.g. sample/10BT/*.parquet); Parquet or JSONL(.gz)
+    stream: bool = False  # kind hub: delete each file once tokenized (disk: the shards plus a few source files)
+    prefetch: int = 2  # kind hub: files downloaded ahead of the one being read (0 = one at a time)
 
 
 @dataclass
@@ -406,6 +411,26 @@ def _format(problems: list[str]) -> str:
     return f"invalid config ({len(problems)} problems):\n  - " + "\n  - ".join(problems)
 
 
+HUB_REPO = re.compile(r"[\w.-]+/[\w.-]+")  # owner/name, as the Hub spells repository ids
+HUB_TOKENIZER = re.compile(r"hf://([\w.-]+/[\w.-]+)(?:@([^\s@]+))?")  # data.tokenizer naming a Hub repository
+
+
+def _hub_source_problems(i: int, src: SourceConfig) -> list[str]:
+    p = []
+    where = f"data.sources[{i}]"
+    if not isinstance(src.repo, str) or not HUB_REPO.fullmatch(src.repo):
+        p.append(f"{where} (hub) needs repo = \"owner/name\" (a Hub dataset repository), got {src.repo!r}")
+    if not isinstance(src.revision, str) or not src.revision.strip():
+        p.append(f"{where}.revision must name a branch, tag or commit (default main)")
+    if not isinstance(src.files, str) or not src.files.strip():
+        p.append(f"{where} (hub) needs files = \"...\", a glob of the repository's files (e.g. \"data/*.parquet\")")
+    if src.path:
+        p.append(f"{where} (hub) takes repo and files, not path (path names local files)")
+    if src.prefetch is not None and src.prefetch < 0:
+        p.append(f"{where}.prefetch must be >= 0, got {src.prefetch}")
+    return p
+
+
 def _semantic_problems(cfg: Config) -> list[str]:
     p: list[str] = []
     m, d, o, t, s = cfg.model, cfg.data, cfg.optim, cfg.train, cfg.store
@@ -441,11 +466,16 @@ def _semantic_problems(cfg: Config) -> list[str]:
     if d.prepare_workers is not None and d.prepare_workers < 0:
         p.append(f"data.prepare_workers must be >= 0 (0 = automatic), got {d.prepare_workers}")
     positive("data.tokenizer_vocab", d.tokenizer_vocab)
+    if isinstance(d.tokenizer, str) and d.tokenizer.startswith("hf://") and not HUB_TOKENIZER.fullmatch(d.tokenizer):
+        p.append(f"data.tokenizer={d.tokenizer!r} must name a Hub repository as hf://owner/name or "
+                 "hf://owner/name@revision")
     if d.val_windows is not None and d.val_windows < 0:
         p.append(f"data.val_windows must be >= 0, got {d.val_windows}")
     for i, src in enumerate(d.sources):
         if src.kind not in SOURCE_KINDS:
             p.append(f"data.sources[{i}].kind={src.kind!r} is not one of {', '.join(SOURCE_KINDS)}")
+        elif src.kind == "hub":
+            p += _hub_source_problems(i, src)
         elif src.kind != "stdlib" and not src.path:
             p.append(f"data.sources[{i}] ({src.kind}) needs a path")
         if src.weight is not None and src.weight <= 0:
