@@ -151,10 +151,11 @@ class HubDataset:
 
     def __init__(self, repo: str, revision: str, pattern: str, what: str, stream_dir: Path | None = None,
                  prefetch: int = 2):
-        import huggingface_hub as hf
+        from huggingface_hub import constants
+        from huggingface_hub.utils import disable_progress_bars
 
-        if hf.constants.HF_HUB_DISABLE_PROGRESS_BARS is None:
-            hf.utils.disable_progress_bars()  # prepare's own bar counts the text; the library's would interleave
+        if constants.HF_HUB_DISABLE_PROGRESS_BARS is None:
+            disable_progress_bars()  # prepare's own bar counts the text; the library's would interleave
         self.repo, self.revision, self.pattern, self.what = repo, revision, pattern, what
         self.commit = resolve(repo, "dataset", revision, what)
         self.files = select(listing(repo, "dataset", self.commit, glob_prefix(pattern), what), pattern)

@@ -142,3 +142,118 @@ def test_prepare_from_the_hub_writes_the_bytes_of_a_prepare_from_the_same_files_
     again = prepare(load_config(tmp_path / "a.toml"), progress=False)
     assert again["fingerprint"] == m_hub["fingerprint"]
     assert not [p for _, p in hub.requests[before:] if "/resolve/" in p or "/lfs-blob/" in p]
+
+
+def _fails(tmp_path: Path, name: str, source: str, tokenizer: str) -> str:
+    out = tmp_path / name
+    with pytest.raises(DataError) as e:
+        prepare(load_config(config(tmp_path / f"{name}.toml", out, source, tokenizer)), progress=False)
+    assert not (out / "manifest.json").exists()
+    return str(e.value)
+
+
+def test_a_bad_token_a_missing_repository_revision_column_or_file_is_one_line(hub, tmp_path, monkeypatch,
+                                                                               tokenizer_file):
+    files = corpus_files(n_files=2)
+    repo, commit = new_repo(hub, files)
+    tok = str(tokenizer_file)
+    what = f"data source 0 (hub {repo}@main)"
+
+    bad = "hf_" + "x" * 30
+    monkeypatch.setenv("HF_TOKEN", bad)
+    msg = _fails(tmp_path, "token", hub_source(repo, "data/*.parquet"), tok)
+    assert msg == (f"{what}: the Hub refused access to {repo} (HTTP 401): for a private or gated repository set "
+                   "HF_TOKEN to a token that may read it (a wrong or expired token gets this too)")
+    monkeypatch.setenv("HF_TOKEN", hub.token)
+
+    assert _fails(tmp_path, "repo", hub_source("baton-test/no-such-corpus", "*.parquet"), tok) == (
+        "data source 0 (hub baton-test/no-such-corpus@main): Hub repository baton-test/no-such-corpus was not found "
+        "(HTTP 404): check the name (owner/name) and whether it is a dataset or a model repository")
+    assert _fails(tmp_path, "rev", hub_source(repo, "data/*.parquet", 'revision = "v9"\n'), tok) == (
+        f"data source 0 (hub {repo}@v9): revision 'v9' does not exist in {repo} (name one of its branches, tags "
+        "or commits)")
+    assert _fails(tmp_path, "glob", hub_source(repo, "data/*.csv"), tok) == (
+        f"{what}: no Parquet or JSONL file of {repo} at {commit[:12]} matches files = 'data/*.csv' (the repository "
+        "holds README.md, data/extra.jsonl.gz, data/train-00000.parquet, data/train-00001.parquet); fix the glob")
+    assert _fails(tmp_path, "column", hub_source(repo, "data/*.parquet", 'field = "body"\n'), tok) == (
+        f"{repo}/data/train-00000.parquet@{commit[:12]} has no column 'body' (columns: id, text, lang); "
+        "set field = \"...\" on the source")
+    assert _fails(tmp_path, "tokenizer", hub_source(repo, "data/*.parquet"), "hf://baton-test/no-such-tok") == (
+        "data.tokenizer hf://baton-test/no-such-tok: Hub repository baton-test/no-such-tok was not found (HTTP 404): "
+        "check the name (owner/name) and whether it is a dataset or a model repository")
+
+
+def test_a_file_whose_bytes_do_not_match_the_listing_is_refused_before_a_row_is_read(hub, tmp_path, tokenizer_file):
+    files = corpus_files(n_files=3)
+    repo, commit = new_repo(hub, files)
+    name = "data/train-00001.parquet"
+    hub.corrupt(f"datasets/{repo}", name, 200, rehash=False)  # the listing keeps the sha256 of the true bytes
+    damaged = bytearray(files[name])
+    damaged[200] ^= 0xFF
+    msg = _fails(tmp_path, "tampered", hub_source(repo, "data/*.parquet"), str(tokenizer_file))
+    assert msg == (
+        f"data source 0 (hub {repo}@main): {repo}/{name}@{commit[:12]} does not match the Hub's listing "
+        f"({len(damaged):,} bytes hashing to {hashlib.sha256(damaged).hexdigest()}, listed {len(damaged):,} bytes and "
+        f"{hashlib.sha256(files[name]).hexdigest()}); the copy was deleted: rerun `baton prepare` to fetch it again, "
+        "and report it to the repository's owner if it persists")
+    cached = [p for p in (tmp_path / "hf-cache").rglob("*") if p.is_file() and p.read_bytes() == bytes(damaged)]
+    assert cached == []
+    # Nothing of the damaged file reached a shard: the shards written (whole, under their names) hold no more
+    # tokens than the first file's documents make.
+    from tokenizers import Tokenizer
+
+    from baton.data.shards import read_header
+
+    tok = Tokenizer.from_file(str(tokenizer_file))
+    first_file = sum(len(tok.encode(d, add_special_tokens=False).ids) + 1 for d in DOCS[:20])
+    written = [read_header(p)[1] for p in sorted((tmp_path / "tampered").glob("shard-*.bin"))]
+    assert sum(written) <= first_file
+
+
+def test_a_branch_that_moved_is_said_with_what_changed(hub, tmp_path, tokenizer_file):
+    files = corpus_files(n_files=2)
+    repo, first = new_repo(hub, files)
+    cfg = config(tmp_path / "m.toml", tmp_path / "m", hub_source(repo, "data/*.parquet"), str(tokenizer_file))
+    m = prepare(load_config(cfg), progress=False)
+    shard = tmp_path / "m" / "shard-00000.bin"
+    stamp = shard.stat().st_mtime_ns
+
+    # A commit that touches none of the selected files: the prepared data still stands.
+    readme = hub.put(f"datasets/{repo}", {"README.md": b"---\nlicense: mit\n---\n# edited\n"})
+    assert prepare(load_config(cfg), progress=False)["fingerprint"] == m["fingerprint"]
+
+    moved = hub.put(f"datasets/{repo}", {"data/train-00001.parquet": parquet_bytes(DOCS[50:60], 50),
+                                         "data/train-00002.parquet": parquet_bytes(DOCS[60:70], 60)})
+    with pytest.raises(DataError) as e:
+        prepare(load_config(cfg), progress=False)
+    assert str(e.value) == (
+        f"data source 0 (hub {repo}): revision 'main' moved from {first[:12]} to {moved[:12]} since {tmp_path / 'm'} "
+        "was prepared (changed data/train-00001.parquet; added data/train-00002.parquet): set revision = "
+        f"\"{first}\" to keep the prepared data, or rerun `baton prepare --force` to prepare the new commit")
+    assert readme != first
+
+    # Pinned to the commit it was prepared from: the folder is used as it is, nothing written again.
+    pinned = config(tmp_path / "p.toml", tmp_path / "m", hub_source(repo, "data/*.parquet", f'revision = "{first}"\n'),
+                    str(tokenizer_file))
+    assert prepare(load_config(pinned), progress=False)["fingerprint"] == m["fingerprint"]
+    assert shard.stat().st_mtime_ns == stamp
+    # --force prepares the new commit and records it.
+    new = prepare(load_config(cfg), force=True, progress=False)
+    assert new["sources"][0]["hub"]["commit"] == moved and new["fingerprint"] != m["fingerprint"]
+
+
+def test_the_cli_says_a_refused_token_in_one_line_without_printing_it(hub, tmp_path, monkeypatch, capsys,
+                                                                      tokenizer_file):
+    from baton.cli import main
+
+    repo, _ = new_repo(hub, corpus_files(n_files=1))
+    cfg = config(tmp_path / "c.toml", tmp_path / "c", hub_source(repo, "data/*.parquet"), str(tokenizer_file))
+    bad = "hf_" + uuid.uuid4().hex
+    monkeypatch.setenv("HF_TOKEN", bad)
+    assert main(["prepare", "-c", str(cfg), "--no-progress"]) == 2
+    out = capsys.readouterr()
+    lines = [line for line in out.err.splitlines() if line.strip()]
+    assert lines == [f"baton: error: data source 0 (hub {repo}@main): the Hub refused access to {repo} (HTTP 401): "
+                     "for a private or gated repository set HF_TOKEN to a token that may read it (a wrong or expired "
+                     "token gets this too)"]
+    assert bad not in out.err + out.out and hub.token not in out.err + out.out
