@@ -90,9 +90,9 @@ def tokenizer_repo(hub, tokenizer_file: Path) -> str:
     return name
 
 
-def config(path: Path, data_dir: Path, source: str, tokenizer: str = "", data: str = "") -> Path:
+def config(path: Path, data_dir: Path, source: str, tokenizer: str = "", data: str = "shard_tokens = 1500\n") -> Path:
     path.write_text(f'[data]\ndir = "{data_dir}"\ntokenizer = {json.dumps(tokenizer)}\ntokenizer_vocab = 512\n'
-                    f'shard_tokens = 1500\nseq_len = 32\nval_windows = 4\n{data}\n{source}')
+                    f'seq_len = 32\nval_windows = 4\n{data}\n{source}')
     return path
 
 
@@ -257,3 +257,116 @@ def test_the_cli_says_a_refused_token_in_one_line_without_printing_it(hub, tmp_p
                      "for a private or gated repository set HF_TOKEN to a token that may read it (a wrong or expired "
                      "token gets this too)"]
     assert bad not in out.err + out.out and hub.token not in out.err + out.out
+
+
+# ------------------------------------------------------------------------------- streaming, killed twice
+
+def stdlib_lines(count: int) -> list[str]:
+    """Short real documents (source lines): a file of a thousand is many encode batches, so a prepare reads
+    its files one after another as it writes shards, as it does on a real corpus of large files."""
+    from baton.data.sources import stdlib_files
+
+    out: list[str] = []
+    for f in stdlib_files():
+        for line in f.read_text(encoding="utf-8", errors="replace").splitlines():
+            if 30 <= len(line.strip()) <= 100:
+                out.append(line.strip())
+                if len(out) == count:
+                    return out
+    return out
+
+
+def _journal_file(journal: Path) -> int:
+    """The source file the last complete journal record continues from (-1 before the first)."""
+    try:
+        lines = journal.read_bytes().split(b"\n")
+    except FileNotFoundError:
+        return -1
+    fi = -1
+    for line in lines[1:]:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            break
+        if "resume" in rec:
+            fi = rec["resume"]["mix"]["streams"][0][1][0]
+    return fi
+
+
+def _downloads(hub, since: int, oids: dict[str, int]) -> list[int]:
+    """Which files (by index) were fetched in the requests after ``since``."""
+    return [oids[p.rsplit("/", 1)[1]] for m, p in hub.requests[since:] if m == "GET" and p.startswith("/lfs-blob/")
+            and p.rsplit("/", 1)[1] in oids]
+
+
+def _on_disk(folder: Path) -> int:
+    """Source files (whole or partly downloaded) a streaming prepare holds."""
+    return len([p for p in folder.rglob("*") if p.is_file() and (p.name.endswith(".parquet")
+                                                                  or p.name.endswith(".incomplete"))])
+
+
+def test_a_streaming_prepare_killed_mid_tokenize_and_mid_download_continues_to_the_same_bytes(hub, tmp_path,
+                                                                                              tokenizer_file):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    lines = stdlib_lines(8 * 800)
+    files = {f"data/part-{k:03d}.parquet": parquet_bytes(lines[k * 800:(k + 1) * 800], k * 800) for k in range(8)}
+    repo, _ = new_repo(hub, files)
+    oids = {hashlib.sha256(data).hexdigest(): i for i, data in enumerate(files.values())}
+    local = write_local(tmp_path / "local", files)
+    data = "shard_tokens = 6000\nprepare_workers = 1\n"
+    prepare(load_config(config(tmp_path / "ref.toml", tmp_path / "ref",
+                               f'[[data.sources]]\nkind = "parquet"\npath = "{local}/data/*.parquet"\n',
+                               str(tokenizer_file), data)), progress=False)
+
+    out = tmp_path / "cut"
+    cfg = config(tmp_path / "cut.toml", out, hub_source(repo, "data/*.parquet", "stream = true\nprefetch = 1\n"),
+                 str(tokenizer_file), data)
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_TOKEN": hub.token, "HF_HUB_DISABLE_XET": "1",
+           "HF_HUB_CACHE": str(tmp_path / "hf-cache"), "PYTHONPATH": os.pathsep.join(sys.path)}
+    cmd = [sys.executable, "-m", "baton.cli", "prepare", "-c", str(cfg), "--no-progress"]
+    root = Path(__file__).resolve().parents[2]
+    streaming = out / ".hub-files"
+    journal = out / "prepare.journal"
+
+    def run_until(done) -> int:
+        """Start a prepare, SIGKILL it once ``done()``; the file its journal continues from."""
+        p = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             start_new_session=True)
+        try:
+            deadline = time.time() + 240
+            while not done() and time.time() < deadline:
+                assert p.poll() is None, f"prepare ended before it could be interrupted: {p.stderr.read().decode()}"
+                time.sleep(0.005)
+            os.kill(p.pid, signal.SIGKILL)
+        finally:
+            p.wait()
+        assert p.returncode == -signal.SIGKILL
+        assert _on_disk(streaming) <= 2 + 1  # the file being read, the one fetched ahead (+ one cut short)
+        return _journal_file(journal)
+
+    # 1. Mid-tokenize: once the shards written cover the first two files.
+    first = run_until(lambda: _journal_file(journal) >= 2)
+    mark = len(hub.requests)
+    # 2. Mid-download: the sixth file's download sends half its bytes, then hangs until the kill.
+    stalled = list(files)[5]
+    release = hub.stall(f"datasets/{repo}", stalled, len(files[stalled]) // 2)
+    blob = hashlib.sha256(files[stalled]).hexdigest()
+    second = run_until(lambda: ("GET", f"/lfs-blob/{blob}") in hub.requests[mark:])
+    release.set()
+    assert first >= 2 and second >= first
+    assert min(_downloads(hub, mark, oids)) >= first  # finished files are not fetched again
+    mark2 = len(hub.requests)
+
+    done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"continuing an interrupted prepare in {out}" in done.stderr
+    assert min(_downloads(hub, mark2, oids)) >= second
+    assert not streaming.exists() and not journal.exists()
+    assert folder_bytes(out) == folder_bytes(tmp_path / "ref")
+    m = json.loads((out / "manifest.json").read_text())
+    assert [f["sha256"] for f in m["sources"][0]["hub"]["files"]] == list(oids)
