@@ -86,7 +86,7 @@ class DataConfig:
 
     dir: str = "data/tiny"  # where `baton prepare` writes shards and `baton train` reads them
     sources: list[SourceConfig] = field(default_factory=lambda: [SourceConfig(kind="stdlib")])  # [[data.sources]] tables (fields: data.sources[].*)
-    tokenizer: str = ""  # tokenizer.json or a local HF tokenizer folder; "" trains a byte-level BPE
+    tokenizer: str = ""  # tokenizer.json, a local HF tokenizer folder or hf://owner/name[@revision] (its tokenizer.json, pinned by sha256); "" trains a byte-level BPE
     tokenizer_vocab: int = 4096  # vocabulary size when baton trains the tokenizer
     shard_tokens: int = 16_777_216  # tokens per shard file
     seq_len: int = 128  # tokens per training window

@@ -370,3 +370,31 @@ def test_a_streaming_prepare_killed_mid_tokenize_and_mid_download_continues_to_t
     assert folder_bytes(out) == folder_bytes(tmp_path / "ref")
     m = json.loads((out / "manifest.json").read_text())
     assert [f["sha256"] for f in m["sources"][0]["hub"]["files"]] == list(oids)
+
+
+def test_hub_fields_and_tokenizers_are_checked_where_the_config_is_read(tmp_path):
+    from baton.errors import ConfigError
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[data]\ntokenizer = "hf://just-a-name"\n[[data.sources]]\nkind = "hub"\npath = "x"\n'
+                   "prefetch = -1\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(bad)
+    assert str(e.value) == (
+        "invalid config (5 problems):\n"
+        "  - data.tokenizer='hf://just-a-name' must name a Hub repository as hf://owner/name or "
+        "hf://owner/name@revision\n"
+        "  - data.sources[0] (hub) needs repo = \"owner/name\" (a Hub dataset repository), got ''\n"
+        "  - data.sources[0] (hub) needs files = \"...\", a glob of the repository's files (e.g. \"data/*.parquet\")\n"
+        "  - data.sources[0] (hub) takes repo and files, not path (path names local files)\n"
+        "  - data.sources[0].prefetch must be >= 0, got -1")
+
+
+def test_the_fineweb_reference_recipe_validates_and_caps_at_1_1b_tokens():
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "ref-106m-fineweb.toml")
+    (src,) = cfg.data.sources
+    assert (src.kind, src.repo, src.files, src.stream) == ("hub", "HuggingFaceFW/fineweb-edu",
+                                                           "sample/10BT/*.parquet", True)
+    assert cfg.data.tokenizer == "hf://HuggingFaceTB/SmolLM-135M" and cfg.model.vocab_size == 49152
+    trained = cfg.total_steps * cfg.tokens_per_step
+    assert trained <= src.max_tokens == 1_100_000_000 and trained > 0.9e9
