@@ -46,6 +46,7 @@ def corpus_files(n_files: int = 3, per_file: int = 20) -> dict[str, bytes]:
     files = {f"data/train-{k:05d}.parquet": parquet_bytes(DOCS[k * per_file:(k + 1) * per_file], k * per_file)
              for k in range(n_files)}
     files["data/extra.jsonl.gz"] = jsonl_gz_bytes(DOCS[-25:])
+    files["data/small.jsonl"] = gzip.decompress(jsonl_gz_bytes(DOCS[-30:-25]))  # text: a plain git file, not LFS
     files["README.md"] = b"---\nlicense: mit\n---\n# a test corpus\n"
     return files
 
@@ -129,13 +130,16 @@ def test_prepare_from_the_hub_writes_the_bytes_of_a_prepare_from_the_same_files_
                                          "sha256": hashlib.sha256(tokenizer_file.read_bytes()).hexdigest()}
     assert m_hub["tokenizer"]["sha256"] == m_hub["tokenizer"]["hub"]["sha256"]
 
-    # Gzipped JSONL, the tokenizer trained on the source itself (read through the Hub twice).
-    prepare(load_config(config(tmp_path / "c.toml", tmp_path / "c", hub_source(repo, "data/*.jsonl.gz"))),
-            progress=False)
+    # Gzipped JSONL (LFS) and plain JSONL (a git file, checked by its git oid), the tokenizer trained on the
+    # source itself (read through the Hub twice).
+    m_jsonl = prepare(load_config(config(tmp_path / "c.toml", tmp_path / "c", hub_source(repo, "data/*.jsonl*"))),
+                      progress=False)
     prepare(load_config(config(tmp_path / "d.toml", tmp_path / "d",
-                               f'[[data.sources]]\nkind = "jsonl"\npath = "{local}/data/extra.jsonl.gz"\n')),
+                               f'[[data.sources]]\nkind = "jsonl"\npath = "{local}/data/*.jsonl*"\n')),
             progress=False)
     assert folder_bytes(tmp_path / "c") == folder_bytes(tmp_path / "d")
+    assert [(f["path"], f["sha256"] is None) for f in m_jsonl["sources"][0]["hub"]["files"]] == [
+        ("data/extra.jsonl.gz", False), ("data/small.jsonl", True)]
 
     # A second prepare of the same config is a no-op: no file is fetched again (the cache holds them).
     before = len(hub.requests)
@@ -174,7 +178,8 @@ def test_a_bad_token_a_missing_repository_revision_column_or_file_is_one_line(hu
         "or commits)")
     assert _fails(tmp_path, "glob", hub_source(repo, "data/*.csv"), tok) == (
         f"{what}: no Parquet or JSONL file of {repo} at {commit[:12]} matches files = 'data/*.csv' (the repository "
-        "holds README.md, data/extra.jsonl.gz, data/train-00000.parquet, data/train-00001.parquet); fix the glob")
+        "holds README.md, data/extra.jsonl.gz, data/small.jsonl, data/train-00000.parquet, data/train-00001.parquet"
+        "); fix the glob")
     assert _fails(tmp_path, "column", hub_source(repo, "data/*.parquet", 'field = "body"\n'), tok) == (
         f"{repo}/data/train-00000.parquet@{commit[:12]} has no column 'body' (columns: id, text, lang); "
         "set field = \"...\" on the source")
