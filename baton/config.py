@@ -478,6 +478,8 @@ def _semantic_problems(cfg: Config) -> list[str]:
             p += _hub_source_problems(i, src)
         elif src.kind != "stdlib" and not src.path:
             p.append(f"data.sources[{i}] ({src.kind}) needs a path")
+        if src.kind != "hub" and (src.repo or src.files):
+            p.append(f"data.sources[{i}] ({src.kind}) reads local files: repo and files are for kind = \"hub\"")
         if src.weight is not None and src.weight <= 0:
             p.append(f"data.sources[{i}].weight must be > 0, got {src.weight}")
         for k in ("max_bytes", "max_tokens"):

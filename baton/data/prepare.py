@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import Config
+from ..config import Config, SourceConfig
 from ..errors import DataError
 from ..hashing import sha256_file
 from . import decontam
@@ -57,6 +57,13 @@ ORDER = "interleaved by share of estimated size (see baton/data/mix.py)"
 # How a Hub source is fetched, not what it holds (its files' hashes are in the spec): free to change on a rerun,
 # so pinning the revision a branch named to its commit keeps the prepared folder.
 NOT_IN_SPEC = ("stream", "prefetch", "revision")
+# Fields of Hub sources only: left out of other sources' spec, which stays what it was before they existed (a
+# folder prepared then is still reused).
+HUB_ONLY = ("repo", "revision", "files", "stream", "prefetch")
+
+
+def _spec_source(s: SourceConfig) -> dict[str, Any]:
+    return {k: v for k, v in asdict(s).items() if k not in NOT_IN_SPEC and (s.kind == "hub" or k not in HUB_ONLY)}
 
 
 def _spec(cfg: Config, readers: list[SourceReader], tok: Path | None = None) -> str:
@@ -65,7 +72,7 @@ def _spec(cfg: Config, readers: list[SourceReader], tok: Path | None = None) -> 
     tok = tok or (tokenizer_path(d.tokenizer) if d.tokenizer else None)
     body = {
         "format": FORMAT,
-        "sources": [{k: v for k, v in asdict(s).items() if k not in NOT_IN_SPEC} for s in d.sources],
+        "sources": [_spec_source(s) for s in d.sources],
         "files": [r.identity() for r in readers],
         "tokenizer": sha256_file(tok) if tok else {"train_vocab": d.tokenizer_vocab},
         "shard_tokens": d.shard_tokens,

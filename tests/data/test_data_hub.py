@@ -382,17 +382,18 @@ def test_hub_fields_and_tokenizers_are_checked_where_the_config_is_read(tmp_path
 
     bad = tmp_path / "bad.toml"
     bad.write_text('[data]\ntokenizer = "hf://just-a-name"\n[[data.sources]]\nkind = "hub"\npath = "x"\n'
-                   "prefetch = -1\n")
+                   'prefetch = -1\n[[data.sources]]\nkind = "jsonl"\npath = "x.jsonl"\nrepo = "a/b"\n')
     with pytest.raises(ConfigError) as e:
         load_config(bad)
     assert str(e.value) == (
-        "invalid config (5 problems):\n"
+        "invalid config (6 problems):\n"
         "  - data.tokenizer='hf://just-a-name' must name a Hub repository as hf://owner/name or "
         "hf://owner/name@revision\n"
         "  - data.sources[0] (hub) needs repo = \"owner/name\" (a Hub dataset repository), got ''\n"
         "  - data.sources[0] (hub) needs files = \"...\", a glob of the repository's files (e.g. \"data/*.parquet\")\n"
         "  - data.sources[0] (hub) takes repo and files, not path (path names local files)\n"
-        "  - data.sources[0].prefetch must be >= 0, got -1")
+        "  - data.sources[0].prefetch must be >= 0, got -1\n"
+        "  - data.sources[1] (jsonl) reads local files: repo and files are for kind = \"hub\"")
 
 
 def test_the_fineweb_reference_recipe_validates_and_caps_at_1_1b_tokens():
