@@ -172,10 +172,12 @@ def prepare(cfg: Config, force: bool = False, progress: bool = True) -> dict[str
     tok, tok_source = _tokenizer(cfg)
     readers = _readers(cfg)
     try:
-        return _prepare(cfg, readers, tok, tok_source, force, progress)
+        m = _prepare(cfg, readers, tok, tok_source, force, progress)
     finally:
         for r in readers:
-            r.close()
+            r.close()  # waits for downloads in flight, so nothing lands in the folder after the cleanup below
+    shutil.rmtree(Path(cfg.data.dir) / STREAM_DIR, ignore_errors=True)  # files fetched ahead, never read (caps)
+    return m
 
 
 def _prepare(cfg: Config, readers: list[SourceReader], tok: Path | None, tok_source: dict[str, Any] | None,
@@ -212,7 +214,6 @@ def _prepare(cfg: Config, readers: list[SourceReader], tok: Path | None, tok_sou
     tmp.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
     tmp.replace(out / MANIFEST)
     (out / JOURNAL).unlink(missing_ok=True)
-    shutil.rmtree(out / STREAM_DIR, ignore_errors=True)  # files fetched ahead but never needed (caps)
     log.info("prepared %s tokens in %d shards (%s tokens/s encoded and written, %.0f s in all), fingerprint %s",
              f"{manifest['total_tokens']:,}", manifest["n_shards"], f"{job.written / max(job.seconds, 1e-9):,.0f}",
              time.time() - t0, manifest["fingerprint"])
