@@ -404,3 +404,18 @@ def test_the_fineweb_reference_recipe_validates_and_caps_at_1_1b_tokens():
     assert cfg.data.tokenizer == "hf://HuggingFaceTB/SmolLM-135M" and cfg.model.vocab_size == 49152
     trained = cfg.total_steps * cfg.tokens_per_step
     assert trained <= src.max_tokens == 1_100_000_000 and trained > 0.9e9
+
+
+def test_a_capped_streaming_source_fetches_only_the_first_files_and_leaves_none(hub, tmp_path, tokenizer_file):
+    lines = stdlib_lines(6 * 800)
+    files = {f"data/part-{k:03d}.parquet": parquet_bytes(lines[k * 800:(k + 1) * 800], k * 800) for k in range(6)}
+    repo, _ = new_repo(hub, files)
+    oids = {hashlib.sha256(data).hexdigest(): i for i, data in enumerate(files.values())}
+    mark = len(hub.requests)
+    m = prepare(load_config(config(tmp_path / "cap.toml", tmp_path / "cap",
+                                   hub_source(repo, "data/*.parquet", "stream = true\nprefetch = 1\nmax_tokens = 5000\n"),
+                                   str(tokenizer_file), "shard_tokens = 2000\nprepare_workers = 1\n")), progress=False)
+    assert m["sources"][0]["tokens"] == m["total_tokens"] == 5000
+    fetched = sorted(set(_downloads(hub, mark, oids)))
+    assert fetched == list(range(len(fetched))) and 1 <= len(fetched) <= 3  # the first files, one fetched ahead
+    assert not (tmp_path / "cap" / ".hub-files").exists()
