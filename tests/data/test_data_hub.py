@@ -246,6 +246,15 @@ def test_a_branch_that_moved_is_said_with_what_changed(hub, tmp_path, tokenizer_
     new = prepare(load_config(cfg), force=True, progress=False)
     assert new["sources"][0]["hub"]["commit"] == moved and new["fingerprint"] != m["fingerprint"]
 
+    # An unfinished prepare (a journal, no manifest yet) is held to its commit the same way.
+    from baton.data.journal import Journal
+
+    (tmp_path / "m" / "manifest.json").unlink()
+    Journal(tmp_path / "m").write({"spec": "unfinished", "tokenizer_sha256": "", "hub": [new["sources"][0]["hub"]]})
+    third = hub.put(f"datasets/{repo}", {"data/train-00000.parquet": parquet_bytes(DOCS[70:80], 70)})
+    with pytest.raises(DataError, match=f"moved from {moved[:12]} to {third[:12]} .*changed data/train-00000.parquet"):
+        prepare(load_config(cfg), progress=False)
+
 
 def test_the_cli_says_a_refused_token_in_one_line_without_printing_it(hub, tmp_path, monkeypatch, capsys,
                                                                       tokenizer_file):
