@@ -170,6 +170,13 @@ def test_a_bad_token_a_missing_repository_revision_column_or_file_is_one_line(hu
                    "HF_TOKEN to a token that may read it (a wrong or expired token gets this too)")
     monkeypatch.setenv("HF_TOKEN", hub.token)
 
+    hub.gated.add(f"datasets/{repo}")  # terms not accepted: the Hub's 403
+    try:
+        assert _fails(tmp_path, "gated", hub_source(repo, "data/*.parquet"), tok) == (
+            f"{what}: the token may not read {repo} (HTTP 403): accept the repository's terms on the Hub if it is "
+            "gated, and set HF_TOKEN to a token with read access")
+    finally:
+        hub.gated.discard(f"datasets/{repo}")
     assert _fails(tmp_path, "repo", hub_source("baton-test/no-such-corpus", "*.parquet"), tok) == (
         "data source 0 (hub baton-test/no-such-corpus@main): Hub repository baton-test/no-such-corpus was not found "
         "(HTTP 404): check the name (owner/name) and whether it is a dataset or a model repository")

@@ -26,7 +26,9 @@ The Xet protocol is not served: the client is run with ``HF_HUB_DISABLE_XET=1``.
 Auth is a bearer token; a wrong one gets the Hub's 401 "Invalid credentials". ``token`` may write; ``add_token``
 makes others, described by whoami as given, that may only read unless told otherwise: their writes (preupload,
 LFS batch, commit, branch) get the Hub's 403. Test hooks (``corrupt``,
-``remove``, ``read``) change what the server holds behind the client's back.
+``remove``, ``read``) change what the server holds behind the client's back; ``put`` commits files directly
+(a dataset repository for the data tests), ``stall`` hangs one download halfway, ``gated`` answers a
+repository's reads with the 403 of a gated repository, and ``requests`` logs every request.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class HubServer(LocalHTTPServer):
         self.serve_whoami = True  # False: a server without the endpoint (404), as some Hub mirrors
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request, in arrival order
         self.stalls: dict[str, tuple[int, threading.Event]] = {}  # LFS oid -> (bytes sent, then wait for the event)
+        self.gated: set[str] = set()  # repositories whose reads get the Hub's 403 for a gated repo (terms not accepted)
 
     # ------------------------------------------------------------------------------------ hooks
     def add_token(self, access: dict, writes: bool = False) -> str:
@@ -163,6 +166,10 @@ class HubServer(LocalHTTPServer):
             if not path.startswith(("/lfs-blob/", "/lfs-upload/")) and not self._authorized(h):
                 return self._send(h, 401, {"error": "Invalid credentials in Authorization header"},
                                   {"X-Error-Message": "Invalid credentials in Authorization header"})
+            gated = next((r for r in self.gated if f"/{r}/" in path), None)
+            if gated is not None:
+                msg = f"Access to {gated} is restricted. You must have access to it and be authenticated to access it."
+                return self._send(h, 403, {"error": msg}, {"X-Error-Code": "GatedRepo", "X-Error-Message": msg})
             if h.command == "GET" and path == "/api/whoami-v2" and self.serve_whoami:
                 access, _ = self.tokens[h.headers["Authorization"].removeprefix("Bearer ")]
                 return self._send(h, 200, {"type": "user", "name": "baton-test", "auth": {
