@@ -41,6 +41,8 @@ Precision = Literal["fp32", "bf16", "fp16", "auto"]
 Schedule = Literal["wsd", "cosine", "linear"]  # baton.model.schedule computes each
 ATTN_IMPLS: tuple[Attn, ...] = typing.get_args(Attn)
 SCHEDULES: tuple[str, ...] = typing.get_args(Schedule)
+HUB_REPO = re.compile(r"[\w.-]+/[\w.-]+")  # owner/name, as the Hub spells repository ids
+HUB_TOKENIZER = re.compile(r"hf://([\w.-]+/[\w.-]+)(?:@([^\s@]+))?")  # data.tokenizer naming a Hub repository
 _BOUNDS = {"gt": (">", operator.gt), "ge": (">=", operator.ge), "lt": ("<", operator.lt), "le": ("<=", operator.le)}
 
 
@@ -98,13 +100,39 @@ class ModelConfig(_Section):
 class SourceConfig:
     """One input of the data mix."""
 
-    kind: Literal["stdlib", "text", "jsonl", "parquet", "hf_dataset"] = opt(
-        "text", "what the path holds (stdlib: Python's own library sources, a built-in corpus)")
-    path: str = opt("", "file, folder or glob (unused for stdlib)")
+    kind: Literal["stdlib", "text", "jsonl", "parquet", "hf_dataset", "hub"] = opt(
+        "text", "what the path holds (stdlib: Python's own library sources, a built-in corpus; hub: a Hub dataset "
+                "repository, read by repo and files)")
+    path: str = opt("", "file, folder or glob (unused for stdlib and hub)")
     field: str = opt("text", "JSONL field / Parquet column / dataset column holding the text")
     max_bytes: int = opt(0, "cap on bytes of text read from this source (0 = no cap)", ge=0)
     max_tokens: int = opt(0, "cap on tokens taken from this source (0 = no cap)", ge=0)
     weight: float = opt(1.0, "repeat factor in the mix (fractional part: a seeded share of documents)", gt=0)
+    repo: str = opt("", "kind hub: the dataset repository, owner/name (HF_TOKEN for a private or gated one)")
+    revision: str = opt("main", "kind hub: branch, tag or commit; prepare pins the commit it resolves to")
+    files: str = opt("", "kind hub: which files of the repository, a glob (e.g. sample/10BT/*.parquet); Parquet or "
+                         "JSONL(.gz)")
+    stream: bool = opt(False, "kind hub: delete each file once tokenized (disk: the shards plus a few source files)")
+    prefetch: int = opt(2, "kind hub: files downloaded ahead of the one being read (0 = one at a time)", ge=0)
+
+    def problems(self, where: str) -> list[str]:
+        """A hub source names its repository and files; a local one names a path."""
+        if self.kind != "hub":
+            needs_path = self.kind != "stdlib" and not self.path
+            return ([f"{where} ({self.kind}) needs a path"] if needs_path else []) + (
+                [f"{where} ({self.kind}) reads local files: repo and files are for kind = \"hub\""]
+                if self.repo or self.files else [])
+        out = []
+        if not HUB_REPO.fullmatch(self.repo):
+            out.append(f"{where} (hub) needs repo = \"owner/name\" (a Hub dataset repository), got {self.repo!r}")
+        if not self.revision.strip():
+            out.append(f"{where}.revision must name a branch, tag or commit (default main)")
+        if not self.files.strip():
+            out.append(f"{where} (hub) needs files = \"...\", a glob of the repository's files (e.g. "
+                       "\"data/*.parquet\")")
+        if self.path:
+            out.append(f"{where} (hub) takes repo and files, not path (path names local files)")
+        return out
 
 
 @dataclass
@@ -114,7 +142,8 @@ class DataConfig(_Section):
     dir: str = opt("data/tiny", "where `baton prepare` writes shards and `baton train` reads them")
     sources: list[SourceConfig] = opt([SourceConfig(kind="stdlib")],
                                       "[[data.sources]] tables (fields: data.sources[].*)")
-    tokenizer: str = opt("", "tokenizer.json or a local HF tokenizer folder; \"\" trains a byte-level BPE")
+    tokenizer: str = opt("", "tokenizer.json, a local HF tokenizer folder or hf://owner/name[@revision] (its "
+                             "tokenizer.json, pinned by sha256); \"\" trains a byte-level BPE")
     tokenizer_vocab: int = opt(4096, "vocabulary size when baton trains the tokenizer", gt=0)
     shard_tokens: int = opt(16_777_216, "tokens per shard file", gt=0)
     seq_len: int = opt(128, "tokens per training window", gt=0)
@@ -136,8 +165,11 @@ class DataConfig(_Section):
             out.append(f"data.seq_len={self.seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len} (raise "
                        "max_seq_len)")
         kinds = _choices(_hints(SourceConfig)["kind"])
-        out += [f"data.sources[{i}] ({s.kind}) needs a path" for i, s in enumerate(self.sources)
-                if s.kind != "stdlib" and s.kind in kinds and not s.path]
+        for i, src in enumerate(self.sources):
+            out += src.problems(f"data.sources[{i}]") if src.kind in kinds else []
+        if self.tokenizer.startswith("hf://") and not HUB_TOKENIZER.fullmatch(self.tokenizer):
+            out.append(f"data.tokenizer={self.tokenizer!r} must name a Hub repository as hf://owner/name or "
+                       "hf://owner/name@revision")
         if not self.sources and not self.tokenizer:
             out.append("data.sources is empty (add at least one [[data.sources]] table)")
         out += _url_problems("data.url", self.url, "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (S3) or HF_TOKEN (Hub)")

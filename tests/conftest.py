@@ -41,6 +41,16 @@ def prepared_data(tmp_path_factory) -> Path:
     return base / "corpus"
 
 
+@pytest.fixture(scope="session")
+def hub_server(tmp_path_factory):
+    """The local Hub (support/store_hub_server.py) of the store and the data tests."""
+    from support.store_hub_server import HubServer
+
+    server = HubServer(tmp_path_factory.mktemp("hub-data")).start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def make_config(tmp_path, prepared_data):
     """make_config(name, store, run_name) -> path of a TOML config using the shared data, a tmp store and tmp runs."""

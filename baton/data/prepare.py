@@ -24,10 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from ..config import Config
+from ..config import Config, SourceConfig
 from ..errors import DataError
 from ..hashing import sha256_file
 from . import decontam
+from .hub import STREAM_DIR, hub_tokenizer
 from .journal import JOURNAL, Journal
 from .manifest import FORMAT, MANIFEST, corpus_fingerprint, load_manifest
 from .mix import Mix
@@ -53,14 +54,27 @@ ACCT = ("documents", "tokens", "dropped_documents", "dropped_tokens")  # per-sou
 ORDER = "interleaved by share of estimated size (see baton/data/mix.py)"
 
 
-def _spec(cfg: Config, readers: list[SourceReader]) -> str:
+# How a Hub source is fetched, not what it holds (its files' hashes are in the spec): free to change on a rerun,
+# so pinning the revision a branch named to its commit keeps the prepared folder.
+NOT_IN_SPEC = ("stream", "prefetch", "revision")
+# Fields of Hub sources only: left out of other sources' spec, which stays what it was before they existed (a
+# folder prepared then is still reused).
+HUB_ONLY = ("repo", "revision", "files", "stream", "prefetch")
+
+
+def _spec_source(s: SourceConfig) -> dict[str, Any]:
+    return {k: v for k, v in asdict(s).items() if k not in NOT_IN_SPEC and (s.kind == "hub" or k not in HUB_ONLY)}
+
+
+def _spec(cfg: Config, readers: list[SourceReader], tok: Path | None = None) -> str:
     """What determines the prepared bytes; a rerun with the same spec reuses or continues the folder."""
     d = cfg.data
+    tok = tok or (tokenizer_path(d.tokenizer) if d.tokenizer else None)
     body = {
         "format": FORMAT,
-        "sources": [asdict(s) for s in d.sources],
+        "sources": [_spec_source(s) for s in d.sources],
         "files": [r.identity() for r in readers],
-        "tokenizer": sha256_file(tokenizer_path(d.tokenizer)) if d.tokenizer else {"train_vocab": d.tokenizer_vocab},
+        "tokenizer": sha256_file(tok) if tok else {"train_vocab": d.tokenizer_vocab},
         "shard_tokens": d.shard_tokens,
         "seed": d.shuffle_seed,
         "decontaminate": [decontam.describe(d.decontaminate), d.decontam_ngram] if d.decontaminate else None,
@@ -68,14 +82,15 @@ def _spec(cfg: Config, readers: list[SourceReader]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def already_prepared(cfg: Config, readers: list[SourceReader] | None = None) -> dict[str, Any] | None:
+def already_prepared(cfg: Config, readers: list[SourceReader] | None = None,
+                     tok: Path | None = None) -> dict[str, Any] | None:
     out = Path(cfg.data.dir)
     if not (out / MANIFEST).is_file():
         return None
     try:
         readers = readers if readers is not None else _readers(cfg)
         m = load_manifest(out)
-        if m.get("spec") != _spec(cfg, readers):
+        if m.get("spec") != _spec(cfg, readers, tok):
             return None
         for s in m["shards"]:
             _, count = read_header(out / s["file"])
@@ -87,7 +102,7 @@ def already_prepared(cfg: Config, readers: list[SourceReader] | None = None) -> 
 
 
 def _readers(cfg: Config) -> list[SourceReader]:
-    return [SourceReader(s, i) for i, s in enumerate(cfg.data.sources)]
+    return [SourceReader(s, i, cfg.data.dir) for i, s in enumerate(cfg.data.sources)]
 
 
 def _clean(out: Path) -> None:
@@ -95,21 +110,88 @@ def _clean(out: Path) -> None:
     for pattern in ("shard-*.bin", "*.tmp", MANIFEST, TOKENIZER_FILE, JOURNAL):
         for p in out.glob(pattern):
             p.unlink()
+    shutil.rmtree(out / STREAM_DIR, ignore_errors=True)
+
+
+def _tokenizer(cfg: Config) -> tuple[Path | None, dict[str, Any] | None]:
+    """The configured tokenizer file (a Hub one resolved to its commit and fetched, once per prepare) and, for a
+    Hub tokenizer, where it came from."""
+    spec = cfg.data.tokenizer
+    if not spec:
+        return None, None
+    if spec.startswith("hf://"):
+        path, source = hub_tokenizer(spec)
+        load_tokenizer(path)  # a file that is no tokenizer: said before any work
+        return path, source
+    load_tokenizer(spec)  # fail on a bad path before any work
+    return tokenizer_path(spec), None
+
+
+def _pins(out: Path, journal: Journal) -> dict[int, dict[str, Any]]:
+    """The Hub sources' pins recorded by the last prepare of this folder (its manifest, else its journal)."""
+    recorded: Any = None
+    try:
+        recorded = [s.get("hub") for s in load_manifest(out).get("sources", [])]
+    except (DataError, AttributeError):
+        loaded = journal.load()
+        if loaded is not None:
+            recorded = loaded[0].get("hub")
+    if not isinstance(recorded, list):
+        return {}
+    return {i: p for i, p in enumerate(recorded) if isinstance(p, dict)}
+
+
+def _check_moved(out: Path, journal: Journal, readers: list[SourceReader]) -> None:
+    """A revision that named other files when this folder was prepared is said, with what changed, rather than
+    silently preparing (or continuing) from another commit."""
+    pins = _pins(out, journal)
+    for i, r in enumerate(readers):
+        old = pins.get(i)
+        if r.hub is None or not old or (old.get("repo"), old.get("revision")) != (r.hub.repo, r.hub.revision):
+            continue
+        if old.get("commit") == r.hub.commit:
+            continue
+        before = {f.get("path"): (f.get("sha256"), f.get("git_oid")) for f in old.get("files", [])}
+        now = {f.path: (f.sha256, f.git_oid) for f in r.hub.files}
+        changes = [f"{what} {', '.join(names[:3])}{', ...' if len(names) > 3 else ''}" for what, names in (
+            ("changed", sorted(p for p in now if p in before and before[p] != now[p])),
+            ("added", sorted(p for p in now if p not in before)),
+            ("removed", sorted(p for p in before if p not in now))) if names]
+        if not changes:
+            log.info("data source %d: %s moved from %s to %s without touching the selected files", i,
+                     r.hub.revision, str(old.get("commit"))[:12], r.hub.commit[:12])
+            continue
+        raise DataError(f"data source {i} (hub {r.hub.repo}): revision {r.hub.revision!r} moved from "
+                        f"{str(old.get('commit'))[:12]} to {r.hub.commit[:12]} since {out} was prepared "
+                        f"({'; '.join(changes)}): set revision = \"{old.get('commit')}\" to keep the prepared "
+                        "data, or rerun `baton prepare --force` to prepare the new commit")
 
 
 def prepare(cfg: Config, force: bool = False, progress: bool = True) -> dict[str, Any]:
     """Write shards and manifest into ``cfg.data.dir``; reuse them when unchanged, continue them when cut short."""
-    out = Path(cfg.data.dir)
-    if cfg.data.tokenizer:
-        load_tokenizer(cfg.data.tokenizer)  # fail on a bad path before any work
+    tok, tok_source = _tokenizer(cfg)
     readers = _readers(cfg)
-    if not force and (m := already_prepared(cfg, readers)):
+    try:
+        m = _prepare(cfg, readers, tok, tok_source, force, progress)
+    finally:
+        for r in readers:
+            r.close()  # waits for downloads in flight, so nothing lands in the folder after the cleanup below
+    shutil.rmtree(Path(cfg.data.dir) / STREAM_DIR, ignore_errors=True)  # files fetched ahead, never read (caps)
+    return m
+
+
+def _prepare(cfg: Config, readers: list[SourceReader], tok: Path | None, tok_source: dict[str, Any] | None,
+             force: bool, progress: bool) -> dict[str, Any]:
+    out = Path(cfg.data.dir)
+    journal = Journal(out)
+    if not force:
+        _check_moved(out, journal, readers)
+    if not force and (m := already_prepared(cfg, readers, tok)):
         (out / JOURNAL).unlink(missing_ok=True)  # a kill between the manifest and this cleanup leaves one
         log.info("data in %s is already prepared for this config (%s tokens, fingerprint %s)",
                  out, f"{m['total_tokens']:,}", m["fingerprint"])
         return m
-    spec = _spec(cfg, readers)
-    journal = Journal(out)
+    spec = _spec(cfg, readers, tok)
     resumed = None if force else _resumable(out, journal, spec)
     t0 = time.time()
     shards: list[dict]
@@ -117,15 +199,16 @@ def prepare(cfg: Config, force: bool = False, progress: bool = True) -> dict[str
     if resumed is None:
         out.mkdir(parents=True, exist_ok=True)
         _clean(out)
-        _make_tokenizer(cfg, readers, out)
-        journal.write({"spec": spec, "tokenizer_sha256": sha256_file(out / TOKENIZER_FILE)})
+        _make_tokenizer(cfg, readers, out, tok)
+        journal.write({"spec": spec, "tokenizer_sha256": sha256_file(out / TOKENIZER_FILE),
+                       "hub": [r.hub.pin() if r.hub else None for r in readers]})
         shards, state = [], None
     else:
         shards, state = resumed
         log.info("continuing an interrupted prepare in %s at shard %d (tokenizer reused)", out, len(shards))
     job = _Job(cfg, readers, out, journal, shards, progress)
     acct = job.run(state)
-    manifest = job.manifest(spec, acct)
+    manifest = job.manifest(spec, acct, tok_source)
     # The manifest is written last: a folder without one is an unfinished prepare, never trusted.
     tmp = out / (MANIFEST + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
@@ -141,9 +224,9 @@ def prepare(cfg: Config, force: bool = False, progress: bool = True) -> dict[str
     return manifest
 
 
-def _make_tokenizer(cfg: Config, readers: list[SourceReader], out: Path) -> None:
-    if cfg.data.tokenizer:
-        shutil.copyfile(tokenizer_path(cfg.data.tokenizer), out / TOKENIZER_FILE)
+def _make_tokenizer(cfg: Config, readers: list[SourceReader], out: Path, tok: Path | None) -> None:
+    if tok is not None:
+        shutil.copyfile(tok, out / TOKENIZER_FILE)
         return
     log.info("training a byte-level BPE tokenizer (vocab %d) on the sources", cfg.data.tokenizer_vocab)
     mix = Mix(readers, cfg.data.shuffle_seed)
@@ -323,7 +406,8 @@ class _Job:
         self.buf_sources.clear()
 
     # ---- the manifest
-    def manifest(self, spec: str, acct: list[dict[str, int]]) -> dict[str, Any]:
+    def manifest(self, spec: str, acct: list[dict[str, int]], tok_source: dict[str, Any] | None = None
+                 ) -> dict[str, Any]:
         total = sum(s["tokens"] for s in self.shards)
         if total == 0:
             raise DataError("the data sources produced no tokens (check paths, fields and caps)")
@@ -340,9 +424,11 @@ class _Job:
             "spec": spec,
             "dtype": self.dtype.name,
             "tokenizer": {"file": TOKENIZER_FILE, "sha256": tok_sha, "vocab_size": self.vocab,
-                          "eos_token": self.eos_token, "eos_id": self.eos_id},
+                          "eos_token": self.eos_token, "eos_id": self.eos_id,
+                          **({"hub": tok_source} if tok_source else {})},
             "mix": {"seed": d.shuffle_seed, "order": ORDER},
-            "sources": [{**asdict(s), "files": len(r.files), "est_bytes": r.est_bytes, **{k: acct[i][k] for k in ACCT}}
+            "sources": [{**asdict(s), "files": len(r.files), "est_bytes": r.est_bytes, **{k: acct[i][k] for k in ACCT},
+                         **({"hub": r.hub.pin()} if r.hub else {})}
                         for i, (s, r) in enumerate(zip(d.sources, self.readers))],
             "decontamination": dc,
             "shards": self.shards,

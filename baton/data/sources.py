@@ -19,6 +19,7 @@ from typing import Any
 from ..config import SourceConfig
 from ..errors import DataError
 from ..reads import reading
+from .hub import STREAM_DIR, HubDataset
 
 Doc = tuple[str, int, list[int]]
 GZIP_RATIO = 4  # size estimate of gzip-compressed text: the interleave only needs proportions
@@ -59,10 +60,17 @@ def _reading(path: Path, kind: str):
 class SourceReader:
     """One configured source: its files, their identity and size, and documents from a position."""
 
-    def __init__(self, src: SourceConfig, index: int):
+    def __init__(self, src: SourceConfig, index: int, data_dir: str | Path | None = None):
         self.src, self.index = src, index
         self.kind = src.kind
-        if src.kind == "stdlib":
+        self.hub: HubDataset | None = None
+        if src.kind == "hub":
+            # Streaming copies live under the data folder (per source), so they leave with it.
+            where = Path(data_dir) / STREAM_DIR / str(index) if src.stream and data_dir is not None else None
+            self.hub = HubDataset(src.repo, src.revision, src.files, f"data source {index} (hub {src.repo}@"
+                                  f"{src.revision})", where, src.prefetch)
+            self.files = [Path(f.path) for f in self.hub.files]
+        elif src.kind == "stdlib":
             self.files = stdlib_files()
         else:
             self.files = expand(src.path, src.kind)
@@ -74,6 +82,9 @@ class SourceReader:
 
     def identity(self) -> list[list[Any]]:
         """What the prepared bytes depend on, cheaply: every file's path, size and modification time."""
+        if self.hub is not None:
+            # The content, not the commit: a branch that moved without touching these files changes nothing.
+            return [[self.hub.repo, f.path, f.sha256 or f.git_oid, f.size] for f in self.hub.files]
         out = []
         for f in self.files:
             st = f.stat()
@@ -81,6 +92,8 @@ class SourceReader:
         return out
 
     def _estimate(self) -> int:
+        if self.hub is not None:  # from the listing: the files are not here yet
+            return sum(f.size * (GZIP_RATIO if f.path.endswith(".gz") else 1) for f in self.hub.files)
         if self.kind == "parquet":
             import pyarrow.parquet as pq
 
@@ -98,7 +111,7 @@ class SourceReader:
         return sum(f.stat().st_size * (GZIP_RATIO if f.name.endswith(".gz") else 1) for f in self.files)
 
     def start(self) -> list[int]:
-        return {"jsonl": [0, 0, 1], "parquet": [0, 0]}.get(self.kind, [0])
+        return {"jsonl": [0, 0, 1], "parquet": [0, 0], "hub": [0, 0, 1]}.get(self.kind, [0])
 
     def read(self, pos: list[int]) -> Iterator[Doc]:
         """Documents from ``pos`` on; each comes with the position just after it."""
@@ -108,6 +121,8 @@ class SourceReader:
             return self._jsonl(pos)
         if self.kind == "parquet":
             return self._parquet(pos)
+        if self.kind == "hub":
+            return self._hub(pos)
         return self._hf(pos)
 
     # ---- kinds
@@ -121,29 +136,31 @@ class SourceReader:
     def _jsonl(self, pos: list[int]) -> Iterator[Doc]:
         """pos = [file, byte offset, line number]."""
         fi, offset, lineno = pos
-        field = self.src.field
         while fi < len(self.files):
-            path = self.files[fi]
-            with _reading(path, "jsonl"), _open_text(path) as fh:
-                fh.seek(offset)
-                for line in fh:
-                    offset += len(line)
-                    lineno += 1
-                    if not line.strip():
-                        continue
-                    try:
-                        obj = json.loads(line)
-                    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                        raise DataError(f"{path}:{lineno - 1} is not valid JSON ({e}); fix or remove the line") \
-                            from None
-                    if not isinstance(obj, dict) or field not in obj:
-                        raise DataError(f"{path}:{lineno - 1} has no field {field!r} "
-                                        "(set field = \"...\" on the source)")
-                    value = obj[field]
-                    if value is None or value == "":
-                        continue
-                    yield (value if isinstance(value, str) else str(value)), len(line), [fi, offset, lineno]
+            yield from self._jsonl_file(self.files[fi], str(self.files[fi]), fi, offset, lineno)
             fi, offset, lineno = fi + 1, 0, 1
+
+    def _jsonl_file(self, path: Path, name: str, fi: int, offset: int, lineno: int) -> Iterator[Doc]:
+        field = self.src.field
+        with _reading(path, "jsonl"), _open_text(path) as fh:
+            fh.seek(offset)
+            for line in fh:
+                offset += len(line)
+                lineno += 1
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                    raise DataError(f"{name}:{lineno - 1} is not valid JSON ({e}); fix or remove the line") \
+                        from None
+                if not isinstance(obj, dict) or field not in obj:
+                    raise DataError(f"{name}:{lineno - 1} has no field {field!r} "
+                                    "(set field = \"...\" on the source)")
+                value = obj[field]
+                if value is None or value == "":
+                    continue
+                yield (value if isinstance(value, str) else str(value)), len(line), [fi, offset, lineno]
 
     def _parquet(self, pos: list[int]) -> Iterator[Doc]:
         """pos = [file, row]; reading starts at the row group holding the row, one batch in memory."""
@@ -152,14 +169,14 @@ class SourceReader:
         fi, row = pos
         while fi < len(self.files):
             with _reading(self.files[fi], "parquet"):
-                yield from self._parquet_file(pq.ParquetFile(self.files[fi]), fi, row)
+                yield from self._parquet_file(pq.ParquetFile(self.files[fi]), str(self.files[fi]), fi, row)
             fi, row = fi + 1, 0
 
-    def _parquet_file(self, pf, fi: int, row: int) -> Iterator[Doc]:
+    def _parquet_file(self, pf, name: str, fi: int, row: int, fix: str = "") -> Iterator[Doc]:
         field = self.src.field
         if field not in pf.schema_arrow.names:
             names = ", ".join(pf.schema_arrow.names)
-            raise DataError(f"{self.files[fi]} has no column {field!r} (columns: {names})")
+            raise DataError(f"{name} has no column {field!r} (columns: {names}){fix}")
         md, first, g = pf.metadata, 0, 0
         while g < md.num_row_groups and first + md.row_group(g).num_rows <= row:
             first += md.row_group(g).num_rows
@@ -175,6 +192,28 @@ class SourceReader:
                     text = v if isinstance(v, str) else str(v)
                     yield text, len(text.encode("utf-8")), [fi, r + k + 1]
                 r += len(values)
+
+    def _hub(self, pos: list[int]) -> Iterator[Doc]:
+        """pos = [file, row or byte offset, line number (JSONL)]: a file is fetched when reading reaches it."""
+        import pyarrow.parquet as pq
+
+        assert self.hub is not None
+        hub, (fi, at, lineno) = self.hub, pos
+        while fi < len(hub.files):
+            path, name = hub.local(fi), hub.name(fi)
+            if path.name.endswith(".parquet"):
+                with _reading(path, "parquet"):
+                    for text, nbytes, nxt in self._parquet_file(pq.ParquetFile(path), name, fi, at,
+                                                                "; set field = \"...\" on the source"):
+                        yield text, nbytes, [fi, nxt[1], 1]
+            else:
+                yield from self._jsonl_file(path, name, fi, at, lineno)
+            hub.release(fi)
+            fi, at, lineno = fi + 1, 0, 1
+
+    def close(self) -> None:
+        if self.hub is not None:
+            self.hub.close()
 
     def _load_dataset(self):
         try:

@@ -42,6 +42,10 @@ def find_eos(tok: Tokenizer) -> tuple[str, int]:
 
 
 def tokenizer_path(spec: str) -> Path:
+    if spec.startswith("hf://"):  # a Hub repository's tokenizer.json, fetched at the commit its revision names
+        from .hub import hub_tokenizer
+
+        return hub_tokenizer(spec)[0]
     p = Path(spec)
     return p / TOKENIZER_FILE if p.is_dir() else p
 

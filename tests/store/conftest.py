@@ -35,15 +35,6 @@ def moto_server():
     server.stop()
 
 
-@pytest.fixture(scope="session")
-def hub_server(tmp_path_factory):
-    from support.store_hub_server import HubServer
-
-    server = HubServer(tmp_path_factory.mktemp("hub-data")).start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def s3_proxy(moto_server):
     proxy = FaultyProxy(moto_server.url).start()

@@ -26,7 +26,9 @@ The Xet protocol is not served: the client is run with ``HF_HUB_DISABLE_XET=1``.
 Auth is a bearer token; a wrong one gets the Hub's 401 "Invalid credentials". ``token`` may write; ``add_token``
 makes others, described by whoami as given, that may only read unless told otherwise: their writes (preupload,
 LFS batch, commit, branch) get the Hub's 403. Test hooks (``corrupt``,
-``remove``, ``read``) change what the server holds behind the client's back.
+``remove``, ``read``) change what the server holds behind the client's back; ``put`` commits files directly
+(a dataset repository for the data tests), ``stall`` hangs one download halfway, ``gated`` answers a
+repository's reads with the 403 of a gated repository, and ``requests`` logs every request.
 """
 
 from __future__ import annotations
@@ -85,6 +87,9 @@ class HubServer(LocalHTTPServer):
         # token -> (whoami's auth.accessToken, whether it may write)
         self.tokens: dict[str, tuple[dict, bool]] = {self.token: ({"role": "write", "displayName": "write"}, True)}
         self.serve_whoami = True  # False: a server without the endpoint (404), as some Hub mirrors
+        self.requests: list[tuple[str, str]] = []  # (method, path) of every request, in arrival order
+        self.stalls: dict[str, tuple[int, threading.Event]] = {}  # LFS oid -> (bytes sent, then wait for the event)
+        self.gated: set[str] = set()  # repositories whose reads get the Hub's 403 for a gated repo (terms not accepted)
 
     # ------------------------------------------------------------------------------------ hooks
     def add_token(self, access: dict, writes: bool = False) -> str:
@@ -122,6 +127,31 @@ class HubServer(LocalHTTPServer):
                 e.blob_key = f"{e.lfs_oid}-damaged-{uuid.uuid4().hex[:8]}"
                 self.blobs[e.blob_key] = bytes(data)
 
+    def put(self, repo: str, files: dict[str, bytes], branch: str = "main") -> str:
+        """Commit ``files`` (added or replaced) to ``branch`` as the client would: binary or large files through
+        LFS, text as git blobs; returns the commit."""
+        self.create_repo(repo)
+        with self.lock:
+            staged = self.files(repo, branch)
+            for path, data in files.items():
+                if len(data) >= LFS_MIN or b"\0" in data[:512] or not _utf8(data[:512]):
+                    oid = hashlib.sha256(data).hexdigest()
+                    self.blobs[oid] = data
+                    staged[path] = Entry(None, oid, len(data))
+                else:
+                    staged[path] = Entry(data, None, len(data))
+            self.commits[repo] += 1
+            commit = hashlib.sha1(f"{repo}:{self.commits[repo]}".encode()).hexdigest()
+            self.snapshots[commit] = dict(staged)
+            self.heads[(repo, branch)] = commit
+        return commit
+
+    def stall(self, repo: str, path: str, nbytes: int) -> threading.Event:
+        """The next download of this LFS file sends ``nbytes`` of it, then waits for the returned event and hangs up."""
+        event = threading.Event()
+        self.stalls[self.repos[repo][path].blob] = (nbytes, event)
+        return event
+
     def remove(self, repo: str, path: str) -> None:
         with self.lock:
             del self.repos[repo][path]
@@ -131,10 +161,15 @@ class HubServer(LocalHTTPServer):
         url = urlsplit(h.path)
         path, query = url.path, {k: v[-1] for k, v in parse_qs(url.query).items()}
         body = _read_body(h) if h.command in ("POST", "PUT") else b""
+        self.requests.append((h.command, path))
         try:
             if not path.startswith(("/lfs-blob/", "/lfs-upload/")) and not self._authorized(h):
                 return self._send(h, 401, {"error": "Invalid credentials in Authorization header"},
                                   {"X-Error-Message": "Invalid credentials in Authorization header"})
+            gated = next((r for r in self.gated if f"/{r}/" in path), None)
+            if gated is not None:
+                msg = f"Access to {gated} is restricted. You must have access to it and be authenticated to access it."
+                return self._send(h, 403, {"error": msg}, {"X-Error-Code": "GatedRepo", "X-Error-Message": msg})
             if h.command == "GET" and path == "/api/whoami-v2" and self.serve_whoami:
                 access, _ = self.tokens[h.headers["Authorization"].removeprefix("Bearer ")]
                 return self._send(h, 200, {"type": "user", "name": "baton-test", "auth": {
@@ -368,6 +403,17 @@ class HubServer(LocalHTTPServer):
         blob = self.blobs.get(oid)
         if blob is None:
             return self._send(h, 404, {"error": "no such object"})
+        if h.command == "GET" and oid in self.stalls:
+            nbytes, event = self.stalls.pop(oid)
+            h.send_response(200)
+            h.send_header("Content-Length", str(len(blob)))
+            h.send_header("ETag", f'"{oid}"')
+            h.end_headers()
+            h.wfile.write(blob[:nbytes])
+            h.wfile.flush()
+            event.wait(120)
+            h.close_connection = True
+            return
         self._ranged(h, blob, {"ETag": f'"{oid}"', **({"X-Repo-Commit": query["commit"]} if "commit" in query else {})})
 
     def _ranged(self, h, data: bytes, headers: dict) -> None:

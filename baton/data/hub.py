@@ -1,0 +1,271 @@
+"""Hub sources: a dataset repository's files at one commit, each checked against the Hub's listing before use.
+
+A ``kind = "hub"`` source names a repository, a revision and a glob. Prepare resolves the revision to its
+commit once, lists the files at that commit (size, git oid, and for LFS files the sha256 the Hub's storage
+addresses them by), and from then on asks for nothing but that commit: a branch that moves during a prepare
+cannot mix two revisions into one dataset. Every downloaded file is hashed and compared with the listing
+before a single row is read; a mismatch deletes the copy and stops prepare with one line.
+
+Files are fetched through ``huggingface_hub`` (``hf_hub_download`` at the commit), a few ahead of the one
+being read. Without ``stream`` they stay in the Hub cache (HF_HOME), so a second prepare reuses them; with it
+they go to a folder under the data folder and each is deleted as soon as it is read through, so a corpus
+larger than the disk needs room for the shards plus ``1 + prefetch`` source files.
+
+The token is ``huggingface_hub``'s own (HF_TOKEN, or ``hf auth login``); the endpoint HF_ENDPOINT, read when
+a source is opened. Neither the token nor a URL carrying it is ever part of a message.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import re
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import DataError
+
+SUFFIXES = (".parquet", ".jsonl", ".json", ".jsonl.gz", ".json.gz")
+STREAM_DIR = ".hub-files"  # under the data folder: the source files of streaming sources, while they are read
+GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+@dataclass(frozen=True)
+class HubFile:
+    path: str
+    size: int
+    git_oid: str
+    sha256: str | None  # LFS files: the listing's sha256; plain git files are checked by their git oid
+
+    def record(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size, "sha256": self.sha256, "git_oid": self.git_oid}
+
+
+def endpoint() -> str | None:
+    return os.environ.get("HF_ENDPOINT") or None
+
+
+def _api():
+    from huggingface_hub import HfApi
+
+    return HfApi(endpoint=endpoint())
+
+
+def hub_error(e: BaseException, what: str, repo: str, revision: str, path: str | None = None) -> DataError | None:
+    """The one line for a failed Hub call, or None when ``e`` is not one (a bug: let it show)."""
+    import httpx2
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, RevisionNotFoundError
+
+    seen: BaseException | None = e
+    while seen is not None:
+        status = getattr(getattr(seen, "response", None), "status_code", None)
+        if isinstance(seen, HfHubHTTPError) and status == 401:
+            return DataError(f"{what}: the Hub refused access to {repo} (HTTP 401): for a private or gated "
+                             "repository set HF_TOKEN to a token that may read it (a wrong or expired token gets "
+                             "this too)")
+        if isinstance(seen, HfHubHTTPError) and status == 403:
+            return DataError(f"{what}: the token may not read {repo} (HTTP 403): accept the repository's terms on "
+                             "the Hub if it is gated, and set HF_TOKEN to a token with read access")
+        if isinstance(seen, RevisionNotFoundError):
+            return DataError(f"{what}: revision {revision!r} does not exist in {repo} (name one of its branches, "
+                             "tags or commits)")
+        if isinstance(seen, EntryNotFoundError):
+            return DataError(f"{what}: {repo} has no file {path!r} at {revision} (check the name)")
+        if isinstance(seen, HfHubHTTPError) and status == 404:
+            return DataError(f"{what}: Hub repository {repo} was not found (HTTP 404): check the name (owner/name) "
+                             "and whether it is a dataset or a model repository")
+        if isinstance(seen, HfHubHTTPError):
+            return DataError(f"{what}: the Hub answered HTTP {status} for {repo}; rerun `baton prepare` later "
+                             "(it continues where it stopped)")
+        if isinstance(seen, (httpx2.TransportError, ConnectionError, TimeoutError)):
+            where = endpoint() or "https://huggingface.co"
+            return DataError(f"{what}: could not reach the Hub at {where} ({type(seen).__name__}); check the "
+                             "network or HF_ENDPOINT, then rerun `baton prepare` (it continues where it stopped)")
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _calling(fn, what: str, repo: str, revision: str, path: str | None = None):
+    try:
+        return fn()
+    except DataError:
+        raise
+    except Exception as e:  # noqa: BLE001 - classified below; anything else is re-raised as it was
+        err = hub_error(e, what, repo, revision, path)
+        if err is None:
+            raise
+        raise err from None
+
+
+def resolve(repo: str, repo_type: str, revision: str, what: str) -> str:
+    """The commit ``revision`` names now."""
+    api = _api()
+    get = api.dataset_info if repo_type == "dataset" else api.model_info
+    info = _calling(lambda: get(repo, revision=revision), what, repo, revision)
+    if not info.sha:
+        raise DataError(f"{what}: the Hub named no commit for {repo}@{revision}")
+    return str(info.sha)
+
+
+def listing(repo: str, repo_type: str, commit: str, prefix: str, what: str) -> list[HubFile]:
+    """Every file under ``prefix`` (a folder, "" for all) at ``commit``."""
+    from huggingface_hub.errors import EntryNotFoundError
+    from huggingface_hub.hf_api import RepoFile
+
+    def call() -> list[HubFile]:
+        try:
+            tree = list(_api().list_repo_tree(repo, path_in_repo=prefix or None, recursive=True, revision=commit,
+                                              repo_type=repo_type))
+        except EntryNotFoundError:
+            return []  # no such folder: an empty selection, said by the caller with what the repository holds
+        return [HubFile(e.path, int(e.size), e.blob_id, e.lfs.sha256 if e.lfs else None)
+                for e in tree if isinstance(e, RepoFile)]
+
+    return _calling(call, what, repo, commit)
+
+
+def glob_prefix(pattern: str) -> str:
+    """The folder a glob lies under (listing only it keeps a repository of thousands of files cheap)."""
+    parts = pattern.split("/")
+    fixed = []
+    for part in parts[:-1]:
+        if GLOB_CHARS.search(part):
+            break
+        fixed.append(part)
+    return "/".join(fixed)
+
+
+def select(files: list[HubFile], pattern: str) -> list[HubFile]:
+    """Files matching ``pattern`` (fnmatch, as huggingface_hub's allow_patterns: ``*`` crosses folders) that
+    are Parquet or JSONL, by path."""
+    return sorted((f for f in files if fnmatch.fnmatchcase(f.path, pattern) and f.path.endswith(SUFFIXES)),
+                  key=lambda f: f.path)
+
+
+class HubDataset:
+    """The selected files of one repository at one commit: fetched (a few ahead), verified, released."""
+
+    def __init__(self, repo: str, revision: str, pattern: str, what: str, stream_dir: Path | None = None,
+                 prefetch: int = 2):
+        from huggingface_hub import constants
+        from huggingface_hub.utils import disable_progress_bars
+
+        if constants.HF_HUB_DISABLE_PROGRESS_BARS is None:
+            disable_progress_bars()  # prepare's own bar counts the text; the library's would interleave
+        self.repo, self.revision, self.pattern, self.what = repo, revision, pattern, what
+        self.commit = resolve(repo, "dataset", revision, what)
+        self.files = select(listing(repo, "dataset", self.commit, glob_prefix(pattern), what), pattern)
+        if not self.files:
+            everything = listing(repo, "dataset", self.commit, "", what)
+            some = ", ".join(f.path for f in everything[:5]) or "no files"
+            raise DataError(f"{what}: no Parquet or JSONL file of {repo} at {self.commit[:12]} matches "
+                            f"files = {pattern!r} (the repository holds {some}{', ...' if len(everything) > 5 else ''}"
+                            "); fix the glob")
+        self.stream_dir = stream_dir
+        self.prefetch = prefetch
+        self._pool = ThreadPoolExecutor(max(1, prefetch), thread_name_prefix="hub-fetch")
+        self._lock = threading.Lock()
+        self._pending: dict[int, Future] = {}
+        self._verified: dict[int, Path] = {}
+
+    def pin(self) -> dict[str, Any]:
+        """What the manifest records: the repository, the revision asked for, its commit, every file's identity."""
+        return {"repo": self.repo, "revision": self.revision, "commit": self.commit,
+                "files": [f.record() for f in self.files]}
+
+    def name(self, i: int) -> str:
+        return f"{self.repo}/{self.files[i].path}@{self.commit[:12]}"
+
+    def local(self, i: int) -> Path:
+        """File ``i`` on local disk, verified; the next ``prefetch`` files start downloading behind it."""
+        with self._lock:
+            for j in range(i, min(i + 1 + self.prefetch, len(self.files))):
+                if j not in self._verified and j not in self._pending:
+                    self._pending[j] = self._pool.submit(self._fetch, j)
+            fut = self._pending.get(i)
+        if fut is not None:
+            path = fut.result()
+            with self._lock:
+                self._pending.pop(i, None)
+                self._verified[i] = path
+        return self._verified[i]
+
+    def release(self, i: int) -> None:
+        """File ``i`` is read through: a streaming source deletes its copy (a later pass fetches it again)."""
+        if self.stream_dir is None:
+            return
+        with self._lock:
+            path = self._verified.pop(i, None)
+        if path is not None:
+            path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _fetch(self, i: int) -> Path:
+        from huggingface_hub import hf_hub_download
+
+        f = self.files[i]
+        where: dict[str, Any] = {"local_dir": self.stream_dir} if self.stream_dir is not None else {}
+        path = Path(_calling(lambda: hf_hub_download(self.repo, f.path, repo_type="dataset", revision=self.commit,
+                                                     endpoint=endpoint(), **where),
+                             self.what, self.repo, self.commit, f.path))
+        sha, oid, size = _hashes(path)
+        if (f.sha256 is not None and sha != f.sha256) or (f.sha256 is None and oid != f.git_oid) or size != f.size:
+            _discard(path)
+            listed, got = (f.sha256, sha) if f.sha256 is not None else (f"git oid {f.git_oid}", f"git oid {oid}")
+            raise DataError(f"{self.what}: {self.name(i)} does not match the Hub's listing ({size:,} bytes hashing "
+                            f"to {got}, listed {f.size:,} bytes and {listed}); the copy was deleted: rerun `baton "
+                            "prepare` to fetch it again, and report it to the repository's owner if it persists")
+        return path
+
+
+def _hashes(path: Path) -> tuple[str, str, int]:
+    """(sha256, git blob oid, size) in one read."""
+    size = path.stat().st_size
+    sha, git = hashlib.sha256(), hashlib.sha1(b"blob %d\0" % size)
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            sha.update(chunk)
+            git.update(chunk)
+    return sha.hexdigest(), git.hexdigest(), size
+
+
+def _discard(path: Path) -> None:
+    """Delete a bad copy: in the Hub cache both the snapshot's link and the blob it points to."""
+    target = path.resolve()
+    path.unlink(missing_ok=True)
+    if target != path:
+        target.unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------------------------------- tokenizers
+
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def hub_tokenizer(spec: str) -> tuple[Path, dict[str, Any]]:
+    """``hf://owner/name[@revision]`` -> (its tokenizer.json on local disk, verified; where it came from)."""
+    rest = spec.removeprefix("hf://")
+    repo, _, revision = rest.partition("@")
+    revision = revision or "main"
+    what = f"data.tokenizer {spec}"
+    from huggingface_hub import hf_hub_download
+
+    commit = resolve(repo, "model", revision, what)
+    entry = next((f for f in listing(repo, "model", commit, "", what) if f.path == TOKENIZER_FILE), None)
+    if entry is None:
+        raise DataError(f"{what}: {repo} has no {TOKENIZER_FILE} at {commit[:12]} (name a repository that holds "
+                        "one, or give a local tokenizer.json)")
+    path = Path(_calling(lambda: hf_hub_download(repo, TOKENIZER_FILE, revision=commit, endpoint=endpoint()),
+                         what, repo, commit, TOKENIZER_FILE))
+    sha, oid, size = _hashes(path)
+    if (entry.sha256 is not None and sha != entry.sha256) or (entry.sha256 is None and oid != entry.git_oid):
+        _discard(path)
+        raise DataError(f"{what}: {repo}/{TOKENIZER_FILE}@{commit[:12]} does not match the Hub's listing; the "
+                        "copy was deleted: rerun `baton prepare` to fetch it again")
+    return path, {"repo": repo, "revision": revision, "commit": commit, "sha256": sha}
