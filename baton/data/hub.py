@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import logging
 import os
 import re
 import threading
@@ -32,6 +33,7 @@ from ..errors import DataError
 SUFFIXES = (".parquet", ".jsonl", ".json", ".jsonl.gz", ".json.gz")
 STREAM_DIR = ".hub-files"  # under the data folder: the source files of streaming sources, while they are read
 GLOB_CHARS = re.compile(r"[*?\[]")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -246,6 +248,32 @@ def _discard(path: Path) -> None:
 # ------------------------------------------------------------------------------------------- tokenizers
 
 TOKENIZER_FILE = "tokenizer.json"
+
+
+def check_moved(out: Path, pins: dict[int, dict[str, Any]], datasets: list[HubDataset | None]) -> None:
+    """A source whose revision named other files when ``out`` was prepared (``pins``: what that prepare
+    recorded, by source index) is refused with what changed, rather than prepared or continued from another
+    commit in silence."""
+    for i, hub in enumerate(datasets):
+        old = pins.get(i)
+        if hub is None or not old or (old.get("repo"), old.get("revision")) != (hub.repo, hub.revision):
+            continue
+        if old.get("commit") == hub.commit:
+            continue
+        before = {f.get("path"): (f.get("sha256"), f.get("git_oid")) for f in old.get("files", [])}
+        now = {f.path: (f.sha256, f.git_oid) for f in hub.files}
+        changes = [f"{what} {', '.join(names[:3])}{', ...' if len(names) > 3 else ''}" for what, names in (
+            ("changed", sorted(p for p in now if p in before and before[p] != now[p])),
+            ("added", sorted(p for p in now if p not in before)),
+            ("removed", sorted(p for p in before if p not in now))) if names]
+        if not changes:
+            log.info("data source %d: %s moved from %s to %s without touching the selected files", i,
+                     hub.revision, str(old.get("commit"))[:12], hub.commit[:12])
+            continue
+        raise DataError(f"data source {i} (hub {hub.repo}): revision {hub.revision!r} moved from "
+                        f"{str(old.get('commit'))[:12]} to {hub.commit[:12]} since {out} was prepared "
+                        f"({'; '.join(changes)}): set revision = \"{old.get('commit')}\" to keep the prepared "
+                        "data, or rerun `baton prepare --force` to prepare the new commit")
 
 
 def hub_tokenizer(spec: str) -> tuple[Path, dict[str, Any]]:

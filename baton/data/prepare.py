@@ -28,7 +28,7 @@ from ..config import Config, SourceConfig
 from ..errors import DataError
 from ..hashing import sha256_file
 from . import decontam
-from .hub import STREAM_DIR, hub_tokenizer
+from .hub import STREAM_DIR, check_moved, hub_tokenizer
 from .journal import JOURNAL, Journal
 from .manifest import FORMAT, MANIFEST, corpus_fingerprint, load_manifest
 from .mix import Mix
@@ -141,32 +141,6 @@ def _pins(out: Path, journal: Journal) -> dict[int, dict[str, Any]]:
     return {i: p for i, p in enumerate(recorded) if isinstance(p, dict)}
 
 
-def _check_moved(out: Path, journal: Journal, readers: list[SourceReader]) -> None:
-    """A revision that named other files when this folder was prepared is said, with what changed, rather than
-    silently preparing (or continuing) from another commit."""
-    pins = _pins(out, journal)
-    for i, r in enumerate(readers):
-        old = pins.get(i)
-        if r.hub is None or not old or (old.get("repo"), old.get("revision")) != (r.hub.repo, r.hub.revision):
-            continue
-        if old.get("commit") == r.hub.commit:
-            continue
-        before = {f.get("path"): (f.get("sha256"), f.get("git_oid")) for f in old.get("files", [])}
-        now = {f.path: (f.sha256, f.git_oid) for f in r.hub.files}
-        changes = [f"{what} {', '.join(names[:3])}{', ...' if len(names) > 3 else ''}" for what, names in (
-            ("changed", sorted(p for p in now if p in before and before[p] != now[p])),
-            ("added", sorted(p for p in now if p not in before)),
-            ("removed", sorted(p for p in before if p not in now))) if names]
-        if not changes:
-            log.info("data source %d: %s moved from %s to %s without touching the selected files", i,
-                     r.hub.revision, str(old.get("commit"))[:12], r.hub.commit[:12])
-            continue
-        raise DataError(f"data source {i} (hub {r.hub.repo}): revision {r.hub.revision!r} moved from "
-                        f"{str(old.get('commit'))[:12]} to {r.hub.commit[:12]} since {out} was prepared "
-                        f"({'; '.join(changes)}): set revision = \"{old.get('commit')}\" to keep the prepared "
-                        "data, or rerun `baton prepare --force` to prepare the new commit")
-
-
 def prepare(cfg: Config, force: bool = False, progress: bool = True) -> dict[str, Any]:
     """Write shards and manifest into ``cfg.data.dir``; reuse them when unchanged, continue them when cut short."""
     tok, tok_source = _tokenizer(cfg)
@@ -185,7 +159,7 @@ def _prepare(cfg: Config, readers: list[SourceReader], tok: Path | None, tok_sou
     out = Path(cfg.data.dir)
     journal = Journal(out)
     if not force:
-        _check_moved(out, journal, readers)
+        check_moved(out, _pins(out, journal), [r.hub for r in readers])
     if not force and (m := already_prepared(cfg, readers, tok)):
         (out / JOURNAL).unlink(missing_ok=True)  # a kill between the manifest and this cleanup leaves one
         log.info("data in %s is already prepared for this config (%s tokens, fingerprint %s)",
