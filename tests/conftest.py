@@ -19,6 +19,14 @@ ROOT = Path(__file__).resolve().parent.parent
 # Variables that torch, transformers or huggingface_hub read once, at import: a zygote imported them already,
 # so a command that sets one differently from the zygote's environment starts a fresh interpreter.
 READ_AT_IMPORT = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "CUDA_", "OMP_", "MKL_")
+# The test Hub serves the classic LFS path, and huggingface_hub reads this switch at import: set for every test,
+# so a test's commands and the zygote's agree on it.
+os.environ["HF_HUB_DISABLE_XET"] = "1"
+# Importing transformers' Llama sets TORCHINDUCTOR_CACHE_DIR (torch's inductor does, at import): imported before
+# the environment is captured, or every test's environment would differ from the zygote's in a READ_AT_IMPORT
+# variable and each command would pay a fresh interpreter.
+import transformers.models.llama.modeling_llama  # noqa: E402,F401  (isort: after the variable above)
+
 # The environment the tests started in, before any test's monkeypatch: the zygote's, whichever test starts it.
 START_ENV = dict(os.environ)
 
@@ -84,6 +92,7 @@ def baton_cli(tmp_path_factory):
         if zygote is not None and any(full_env.get(k) != zygote.env.get(k) for k in {*full_env, *zygote.env}
                                       if k.startswith(READ_AT_IMPORT)):
             zygote = None
+        run.fresh_starts += zygote is None  # type: ignore[attr-defined]
         if zygote is None:
             p = subprocess.run([sys.executable, "-m", "baton.cli", *args], cwd=cwd or ROOT, env=full_env,
                                capture_output=True, text=True, timeout=timeout)
@@ -95,6 +104,7 @@ def baton_cli(tmp_path_factory):
             raise AssertionError(f"baton {' '.join(args)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
         return p
 
+    run.fresh_starts = 0  # type: ignore[attr-defined]  # commands that paid a new interpreter (tests/test_harness.py)
     yield run
     for z in zygotes:
         z.close()
