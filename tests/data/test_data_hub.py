@@ -435,3 +435,41 @@ def test_a_capped_streaming_source_fetches_only_the_first_files_and_leaves_none(
     fetched = sorted(set(_downloads(hub, mark, oids)))
     assert fetched == list(range(len(fetched))) and 1 <= len(fetched) <= 3  # the first files, one fetched ahead
     assert not (tmp_path / "cap" / ".hub-files").exists()
+
+
+def test_a_resume_on_data_prepared_from_a_moved_branch_names_the_source_and_both_commits(hub, tmp_path, tokenizer_file,
+                                                                                         baton_cli, monkeypatch):
+    from support.helpers import write_config
+
+    files = corpus_files(n_files=2)
+    repo, first = new_repo(hub, files)
+    cfg = write_config(tmp_path / "run.toml", tmp_path / "data", tmp_path / "store", tmp_path / "runs")
+    text = cfg.read_text()
+    stdlib = '[[data.sources]]\nkind = "stdlib"\nmax_bytes = 400000\n'
+    assert stdlib in text
+    cfg.write_text(text.replace(stdlib, hub_source(repo, "data/*.parquet")).replace(
+        "tokenizer_vocab = 512\n", f"tokenizer_vocab = 512\ntokenizer = {json.dumps(str(tokenizer_file))}\n"))
+    m = prepare(load_config(cfg), progress=False)
+
+    def train(*args: str):
+        # Training reads the prepared folder only: no Hub endpoint, so the pre-imported CLI process serves it.
+        with monkeypatch.context() as env:
+            env.delenv("HF_ENDPOINT")
+            env.delenv("HF_TOKEN")
+            return baton_cli("train", "-c", str(cfg), "--no-progress", *args)
+
+    r = train("--stop-after-steps", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    pointer = json.loads((tmp_path / "store" / "test" / "latest.json").read_text())
+    state = json.loads((tmp_path / "store" / "test" / pointer["path"] / "state.json").read_text())
+    assert state["data"]["hub"] == [f"{repo}@{first}"]
+
+    moved = hub.put(f"datasets/{repo}", {"data/train-00001.parquet": parquet_bytes(DOCS[50:60], 50)})
+    new = prepare(load_config(cfg), force=True, progress=False)
+    assert new["fingerprint"] != m["fingerprint"]
+    r = train()
+    errors = [line for line in r.stderr.splitlines() if line.startswith("baton: error:")]
+    assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert (f"data.fingerprint: checkpoint '{m['fingerprint']}', now '{new['fingerprint']}' (data source 0, hub "
+            f"{repo}: commit {first} -> {moved}; revision = \"{first}\" and `baton prepare --force` restore the "
+            "checkpoint's data)") in errors[0]
