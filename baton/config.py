@@ -123,8 +123,8 @@ class SourceConfig:
         if self.kind != "hub":
             needs_path = self.kind != "stdlib" and not self.path
             return ([f"{where} ({self.kind}) needs a path"] if needs_path else []) + (
-                [f"{where} ({self.kind}) reads local files: repo, files and config are for kind = \"hub\""]
-                if self.repo or self.files or self.config else [])
+                [f"{where} ({self.kind}) reads local files: repo, files, config and split are for kind = \"hub\""]
+                if self.repo or self.files or self.config or self.split != "train" else [])
         out = []
         if not HUB_REPO.fullmatch(self.repo):
             out.append(f"{where} (hub) needs repo = \"owner/name\" (a Hub dataset repository), got {self.repo!r}")

@@ -408,7 +408,7 @@ def test_hub_fields_and_tokenizers_are_checked_where_the_config_is_read(tmp_path
         "  - data.sources[0] (hub) needs files = \"...\", a glob of the repository's files (e.g. \"data/*.parquet\"), "
         "or config = \"...\", a config its README.md declares\n"
         "  - data.sources[0] (hub) takes repo and files, not path (path names local files)\n"
-        "  - data.sources[1] (jsonl) reads local files: repo, files and config are for kind = \"hub\"\n"
+        "  - data.sources[1] (jsonl) reads local files: repo, files, config and split are for kind = \"hub\"\n"
         "  - data.tokenizer='hf://just-a-name' must name a Hub repository as hf://owner/name or "
         "hf://owner/name@revision")
     both = tmp_path / "both.toml"
