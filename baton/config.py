@@ -111,7 +111,10 @@ class SourceConfig:
     repo: str = opt("", "kind hub: the dataset repository, owner/name (HF_TOKEN for a private or gated one)")
     revision: str = opt("main", "kind hub: branch, tag or commit; prepare pins the commit it resolves to")
     files: str = opt("", "kind hub: which files of the repository, a glob (e.g. sample/10BT/*.parquet); Parquet or "
-                         "JSONL(.gz)")
+                         "JSONL(.gz); or config")
+    config: str = opt("", "kind hub: a config the repository's README.md declares (e.g. sample-10BT): its "
+                          "data_files at the pinned commit; instead of files")
+    split: str = opt("train", "kind hub: the split of config to read")
     stream: bool = opt(False, "kind hub: delete each file once tokenized (disk: the shards plus a few source files)")
     prefetch: int = opt(2, "kind hub: files downloaded ahead of the one being read (0 = one at a time)", ge=0)
 
@@ -120,16 +123,24 @@ class SourceConfig:
         if self.kind != "hub":
             needs_path = self.kind != "stdlib" and not self.path
             return ([f"{where} ({self.kind}) needs a path"] if needs_path else []) + (
-                [f"{where} ({self.kind}) reads local files: repo and files are for kind = \"hub\""]
-                if self.repo or self.files else [])
+                [f"{where} ({self.kind}) reads local files: repo, files, config and split are for kind = \"hub\""]
+                if self.repo or self.files or self.config or self.split != "train" else [])
         out = []
         if not HUB_REPO.fullmatch(self.repo):
             out.append(f"{where} (hub) needs repo = \"owner/name\" (a Hub dataset repository), got {self.repo!r}")
         if not self.revision.strip():
             out.append(f"{where}.revision must name a branch, tag or commit (default main)")
-        if not self.files.strip():
+        if self.files.strip() and self.config.strip():
+            out.append(f"{where} (hub) takes files or config, not both (files: a glob of the repository's files; "
+                       "config: one its README.md declares)")
+        elif not self.files.strip() and not self.config.strip():
             out.append(f"{where} (hub) needs files = \"...\", a glob of the repository's files (e.g. "
-                       "\"data/*.parquet\")")
+                       "\"data/*.parquet\"), or config = \"...\", a config its README.md declares")
+        if not self.split.strip():
+            out.append(f"{where}.split must name a split of the config (default train)")
+        elif self.split != "train" and not self.config.strip():
+            out.append(f"{where}.split = {self.split!r} selects a split of a config: set config too (with files, "
+                       "the glob alone selects)")
         if self.path:
             out.append(f"{where} (hub) takes repo and files, not path (path names local files)")
         return out

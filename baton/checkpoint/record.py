@@ -53,6 +53,17 @@ class DataStamp:
     fingerprint: str | None = None
     tokenizer_sha256: str | None = None
     tokens_per_step: int | None = None
+    # Each data source's Hub commit ("owner/name@sha"; None for a local source), in source order: what lets a
+    # changed fingerprint be explained by the revision that moved. None where no source is a Hub one, and in
+    # records written before Hub sources.
+    hub: tuple[str | None, ...] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"fingerprint": self.fingerprint, "tokenizer_sha256": self.tokenizer_sha256,
+                               "tokens_per_step": self.tokens_per_step}
+        if self.hub is not None:
+            out["hub"] = list(self.hub)
+        return out
 
 
 @dataclass
@@ -81,7 +92,7 @@ class CheckpointState:
         return {"format": FORMAT, "step": self.step, "total_steps": self.total_steps, "cursor": self.cursor,
                 "scaler": self.scaler, "rng": {"world_size": len(self.rng_ranks), "ranks": self.rng_ranks},
                 "stats": self.stats.to_json(), "config": self.config, "versions": self.versions,
-                "params": self.params, "data": asdict(self.data),
+                "params": self.params, "data": self.data.to_json(),
                 "parent": self.parent.to_json() if self.parent else None, "session": self.session,
                 "optimizer_param_groups": self.optimizer_param_groups}
 
@@ -115,6 +126,9 @@ class CheckpointState:
             ("stats.rollbacks is not a list of rollback records", isinstance(rollbacks, list)
              and all(isinstance(r, dict) and _ranges([r.get("skip")]) for r in rollbacks)),
             ("data is not a table", isinstance(data, dict)),
+            ("data.hub is not a list of owner/name@commit", not isinstance(data, dict) or data.get("hub") is None
+             or (isinstance(data["hub"], list) and all(h is None or (isinstance(h, str) and "@" in h)
+                                                       for h in data["hub"]))),
             ("parent is not a lineage", state.get("parent") is None or Lineage.from_json(state["parent"]) is not None),
             ("session is not a name", state.get("session") is None or isinstance(state["session"], str)),
         ) if not ok]
@@ -123,7 +137,8 @@ class CheckpointState:
         return cls(step=state["step"], total_steps=state.get("total_steps"), cursor=state["cursor"],
                    config=state["config"], rng_ranks=ranks, optimizer_param_groups=groups,  # type: ignore[arg-type]
                    scaler=state.get("scaler"), stats=Stats.from_json(stats),
-                   data=DataStamp(**{k: data.get(k) for k in ("fingerprint", "tokenizer_sha256", "tokens_per_step")}),
+                   data=DataStamp(**{k: data.get(k) for k in ("fingerprint", "tokenizer_sha256", "tokens_per_step")},
+                                  hub=tuple(data["hub"]) if data.get("hub") is not None else None),
                    params=state.get("params"), versions=state.get("versions") or {},
                    parent=Lineage.from_json(state.get("parent")), session=state.get("session"))
 

@@ -152,21 +152,34 @@ class HubDataset:
     """The selected files of one repository at one commit: fetched (a few ahead), verified, released."""
 
     def __init__(self, repo: str, revision: str, pattern: str, what: str, stream_dir: Path | None = None,
-                 prefetch: int = 2):
+                 prefetch: int = 2, config: str = "", split: str = "train"):
         from huggingface_hub import constants
         from huggingface_hub.utils import disable_progress_bars
 
         if constants.HF_HUB_DISABLE_PROGRESS_BARS is None:
             disable_progress_bars()  # prepare's own bar counts the text; the library's would interleave
         self.repo, self.revision, self.pattern, self.what = repo, revision, pattern, what
+        self.config, self.split = config, split
         self.commit = resolve(repo, "dataset", revision, what)
-        self.files = select(listing(repo, "dataset", self.commit, glob_prefix(pattern), what), pattern)
+        if config:
+            from .hub_card import config_globs
+
+            patterns = config_globs(self._card(), config, split, f"{what}: {repo} at {self.commit[:12]}")
+            asked = f"config = {config!r}, split = {split!r} (data_files {', '.join(patterns)})"
+        else:
+            patterns, asked = [pattern], f"files = {pattern!r}"
+        found: dict[str, HubFile] = {}
+        for prefix in sorted({glob_prefix(p) for p in patterns}):
+            for f in listing(repo, "dataset", self.commit, prefix, what):
+                found[f.path] = f
+        self.files = sorted({f.path: f for p in patterns for f in select(list(found.values()), p)}.values(),
+                            key=lambda f: f.path)
         if not self.files:
             everything = listing(repo, "dataset", self.commit, "", what)
             some = ", ".join(f.path for f in everything[:5]) or "no files"
             raise DataError(f"{what}: no Parquet or JSONL file of {repo} at {self.commit[:12]} matches "
-                            f"files = {pattern!r} (the repository holds {some}{', ...' if len(everything) > 5 else ''}"
-                            "); fix the glob")
+                            f"{asked} (the repository holds {some}{', ...' if len(everything) > 5 else ''}); fix "
+                            f"{'the README.md configs or choose another config' if config else 'the glob'}")
         self.stream_dir = stream_dir
         self.prefetch = prefetch
         self._pool = ThreadPoolExecutor(max(1, prefetch), thread_name_prefix="hub-fetch")
@@ -175,9 +188,28 @@ class HubDataset:
         self._verified: dict[int, Path] = {}
 
     def pin(self) -> dict[str, Any]:
-        """What the manifest records: the repository, the revision asked for, its commit, every file's identity."""
-        return {"repo": self.repo, "revision": self.revision, "commit": self.commit,
+        """What the manifest records: the repository, the revision asked for, its commit, the config and split
+        that chose the files (where one did), every file's identity."""
+        chosen = {"config": self.config, "split": self.split} if self.config else {}
+        return {"repo": self.repo, "revision": self.revision, "commit": self.commit, **chosen,
                 "files": [f.record() for f in self.files]}
+
+    def _card(self) -> str | None:
+        """The repository's README.md at the commit (None: it has none), where its configs are declared."""
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import EntryNotFoundError
+
+        from .hub_card import README
+
+        def call() -> str | None:
+            try:
+                path = hf_hub_download(self.repo, README, repo_type="dataset", revision=self.commit,
+                                       endpoint=endpoint())
+            except EntryNotFoundError:
+                return None
+            return Path(path).read_text(encoding="utf-8", errors="replace")
+
+        return _calling(call, self.what, self.repo, self.commit, README)
 
     def name(self, i: int) -> str:
         return f"{self.repo}/{self.files[i].path}@{self.commit[:12]}"

@@ -56,10 +56,11 @@ ORDER = "interleaved by share of estimated size (see baton/data/mix.py)"
 
 # How a Hub source is fetched, not what it holds (its files' hashes are in the spec): free to change on a rerun,
 # so pinning the revision a branch named to its commit keeps the prepared folder.
-NOT_IN_SPEC = ("stream", "prefetch", "revision")
+# A config and split stand for the files they select at the commit, which are in the spec by their hashes.
+NOT_IN_SPEC = ("stream", "prefetch", "revision", "config", "split")
 # Fields of Hub sources only: left out of other sources' spec, which stays what it was before they existed (a
 # folder prepared then is still reused).
-HUB_ONLY = ("repo", "revision", "files", "stream", "prefetch")
+HUB_ONLY = ("repo", "revision", "files", "stream", "prefetch", "config", "split")
 
 
 def _spec_source(s: SourceConfig) -> dict[str, Any]:

@@ -68,7 +68,7 @@ class SourceReader:
             # Streaming copies live under the data folder (per source), so they leave with it.
             where = Path(data_dir) / STREAM_DIR / str(index) if src.stream and data_dir is not None else None
             self.hub = HubDataset(src.repo, src.revision, src.files, f"data source {index} (hub {src.repo}@"
-                                  f"{src.revision})", where, src.prefetch)
+                                  f"{src.revision})", where, src.prefetch, src.config, src.split)
             self.files = [Path(f.path) for f in self.hub.files]
         elif src.kind == "stdlib":
             self.files = stdlib_files()

@@ -34,7 +34,7 @@ from ..runtime import dist
 from ..tracking import Trackers
 from ..versions import versions
 from .clock import TimeBudget
-from .drift import state_data
+from .drift import hub_commits, state_data
 from .parts import Parts
 from .sidejobs import soft
 from .state import TrainState
@@ -238,7 +238,8 @@ class Checkpointer:
         state = CheckpointState(
             step=step, total_steps=p.total_steps, cursor=cursor.to_dict(), config=cfg.to_dict(), rng_ranks=rngs,
             optimizer_param_groups=[], scaler=p.scaler.state_dict() if p.scaler.is_enabled() else None,
-            stats=stats, data=state_data(cfg.to_dict(), p.data.fingerprint, p.tokenizer_sha256),
+            stats=stats,
+            data=state_data(cfg.to_dict(), p.data.fingerprint, p.tokenizer_sha256, hub_commits(p.data.manifest)),
             params=p.n_params, versions=versions(), parent=self.parent,
             session=p.ledger.id if p.ledger is not None else None)
         folder = ckstate.save_checkpoint(p.run_dir / "ckpt" / folder_name(step), model, optimizer, state,

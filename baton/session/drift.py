@@ -57,9 +57,11 @@ class Difference:
     key: str
     old: Any
     new: Any
+    why: str = ""  # what explains the change, where it is known (a Hub source's revision that moved)
 
     def __str__(self) -> str:
-        return f"{self.key}: checkpoint {_show(self.old)}, now {_show(self.new)}"
+        return f"{self.key}: checkpoint {_show(self.old)}, now {_show(self.new)}" + (f" ({self.why})" if self.why
+                                                                                      else "")
 
 
 def _show(v: Any) -> str:
@@ -88,15 +90,43 @@ def tokenizer_sha256(data_dir: str | Path, manifest: dict[str, Any]) -> str:
     return digest
 
 
-def state_data(cfg_dict: dict[str, Any], fingerprint: str, tok_sha256: str) -> DataStamp:
+def hub_commits(manifest: dict[str, Any]) -> tuple[str | None, ...] | None:
+    """Each source's Hub commit as the manifest pins it ("owner/name@sha", None for a local source); None
+    when no source is a Hub one."""
+    pins = [s.get("hub") if isinstance(s, dict) else None for s in manifest.get("sources") or []]
+    if not any(isinstance(p, dict) for p in pins):
+        return None
+    return tuple(f"{p.get('repo')}@{p.get('commit')}" if isinstance(p, dict) else None for p in pins)
+
+
+def moved_sources(old: tuple[str | None, ...] | None, new: tuple[str | None, ...] | None) -> str:
+    """The Hub sources whose commit differs between the checkpoint's data and this data, in words ("" when
+    none is known: a record from before Hub sources, or local sources only)."""
+    out = []
+    for i, (a, b) in enumerate(zip(old or (), new or ())):
+        if not a or not b or a == b:
+            continue
+        (repo_a, _, commit_a), (repo_b, _, commit_b) = a.rpartition("@"), b.rpartition("@")
+        if repo_a != repo_b:
+            out.append(f"data source {i}: hub {a} -> {b}")
+        else:
+            out.append(f"data source {i}, hub {repo_a}: commit {commit_a} -> {commit_b}; revision = "
+                       f"\"{commit_a}\" and `baton prepare --force` restore the checkpoint's data")
+    return "; ".join(out)
+
+
+def state_data(cfg_dict: dict[str, Any], fingerprint: str, tok_sha256: str,
+               hub: tuple[str | None, ...] | None = None) -> DataStamp:
     """What a checkpoint records about its data, for the next resume to compare."""
     t, d = cfg_dict["train"], cfg_dict["data"]
-    return DataStamp(fingerprint, tok_sha256, t["global_batch"] * d["seq_len"])
+    return DataStamp(fingerprint, tok_sha256, t["global_batch"] * d["seq_len"], hub)
 
 
 def differences(state: CheckpointState, new_cfg: dict[str, Any], fingerprint: str, permutation: str,
-                tok_sha256: str, total_steps: int | None = None) -> list[Difference]:
-    """Every difference between the checkpoint and this session that would make it a different run."""
+                tok_sha256: str, total_steps: int | None = None,
+                hub: tuple[str | None, ...] | None = None) -> list[Difference]:
+    """Every difference between the checkpoint and this session that would make it a different run (``hub``:
+    this data's Hub commits, ``hub_commits``)."""
     old_cfg = state.config
     out = [Difference(k, _get(old_cfg, k), _get(new_cfg, k)) for k in FROZEN_KEYS
            if _get(old_cfg, k) != _get(new_cfg, k)]
@@ -109,7 +139,8 @@ def differences(state: CheckpointState, new_cfg: dict[str, Any], fingerprint: st
         out.append(Difference(TOKENS_PER_STEP, old_tps, new_tps))
     cursor = state.cursor
     if cursor.get("dataset_fingerprint") != fingerprint:
-        out.append(Difference("data.fingerprint", cursor.get("dataset_fingerprint"), fingerprint))
+        out.append(Difference("data.fingerprint", cursor.get("dataset_fingerprint"), fingerprint,
+                              moved_sources(state.data.hub, hub)))
     if state.data.tokenizer_sha256 and state.data.tokenizer_sha256 != tok_sha256:
         out.append(Difference("data.tokenizer", state.data.tokenizer_sha256, tok_sha256))
     # The order's identity follows from the seed, the hold-out and the corpus; named only when none of
@@ -153,10 +184,10 @@ def horizon_problem(state: CheckpointState, new_cfg: dict[str, Any], total_steps
 
 def refuse_drift(state: CheckpointState, new_cfg: dict[str, Any], total_steps: int, fingerprint: str,
                  permutation: str, tok_sha256: str, allowed: set[str] | frozenset[str] = frozenset(),
-                 note: str = "") -> list[Difference]:
+                 note: str = "", hub: tuple[str | None, ...] | None = None) -> list[Difference]:
     """Raise the one message that refuses a resume that drifts (every difference); returns the differences,
     all of them allowed. ``note`` is added to the message."""
-    diffs = differences(state, new_cfg, fingerprint, permutation, tok_sha256, total_steps)
+    diffs = differences(state, new_cfg, fingerprint, permutation, tok_sha256, total_steps, hub)
     step = state.step
     lost = state.stats.lost_skips(state.skipped)
     if lost:
@@ -178,9 +209,10 @@ def refuse_drift(state: CheckpointState, new_cfg: dict[str, Any], total_steps: i
 
 def check_resume(state: CheckpointState, new_cfg: dict[str, Any], total_steps: int, fingerprint: str,
                  permutation: str, tok_sha256: str,
-                 allowed: set[str] | frozenset[str] = frozenset()) -> list[Difference]:
+                 allowed: set[str] | frozenset[str] = frozenset(),
+                 hub: tuple[str | None, ...] | None = None) -> list[Difference]:
     """Refuse a resume that drifts (one message, every difference); returns the differences allowed."""
-    diffs = refuse_drift(state, new_cfg, total_steps, fingerprint, permutation, tok_sha256, allowed)
+    diffs = refuse_drift(state, new_cfg, total_steps, fingerprint, permutation, tok_sha256, allowed, hub=hub)
     if diffs:
         log.warning("resuming with changes allowed by --allow-change: %s", "; ".join(str(d) for d in diffs))
     for key in sorted(set(allowed) - {d.key for d in diffs}):
@@ -221,7 +253,7 @@ def check_before_pull(state: CheckpointState | None, cursor: dict[str, Any], ste
             _refuse(step, [Difference("data.fingerprint", old, manifest["fingerprint"])], allowed, note)
         return
     refuse_drift(state, new_cfg, total_steps, manifest["fingerprint"], permutation, manifest["tokenizer"]["sha256"],
-                 allowed, note)
+                 allowed, note, hub_commits(manifest))
 
 
 def validate_allowed(keys: list[str] | tuple[str, ...]) -> set[str]:

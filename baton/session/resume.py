@@ -27,7 +27,7 @@ from ..data.reader import Cursor
 from ..errors import BatonError, ResumeError
 from ..planning.ledger import ledger_key
 from ..runtime import dist
-from .drift import Difference, check_resume
+from .drift import Difference, check_resume, hub_commits
 from .parts import Parts
 
 log = logging.getLogger(__name__)
@@ -200,7 +200,7 @@ def _check_drift(s: Parts, st: CheckpointState, allow_change: frozenset[str]) ->
     """Refuse a checkpoint made for another model, geometry or data (every difference in one message);
     returns the changes allowed on purpose (``--allow-change``) that the checkpoint does show."""
     return check_resume(st, s.cfg.to_dict(), s.total_steps, s.data.fingerprint, s.data.permutation_fingerprint,
-                        s.tokenizer_sha256, allow_change)
+                        s.tokenizer_sha256, allow_change, hub_commits(s.data.manifest))
 
 
 def _tidy_local(run_dir: Path, step: int, pulls_only: bool = False) -> None:

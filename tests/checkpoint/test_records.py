@@ -67,6 +67,15 @@ def test_state_ledger_and_eval_records_round_trip_exactly():
     assert ev is not None and ev.to_json() == raw
 
 
+def test_a_state_with_hub_commits_round_trips_and_one_without_records_none():
+    raw = _load("state-v1.json")
+    assert "hub" not in raw["data"] and CheckpointState.from_json(raw, "s").data.hub is None
+    pinned = {**raw, "data": {**raw["data"], "hub": [None, "owner/corpus@" + "ab" * 20]}}
+    state = CheckpointState.from_json(pinned, "s")
+    assert state.data.hub == (None, "owner/corpus@" + "ab" * 20)
+    assert state.to_json() == {k: v for k, v in pinned.items() if k != "scheduler"}
+
+
 def test_the_state_file_reader_names_the_wrong_value(tmp_path):
     good = _load("state-v1.json")
     cases = {
@@ -76,6 +85,7 @@ def test_the_state_file_reader_names_the_wrong_value(tmp_path):
         "parent is not a lineage": ("parent", {"step": "4"}),
         "config is not a table": ("config", {"model": 3}),
         "rng.ranks is not a list of tables": ("rng", {"ranks": []}),
+        "data.hub is not a list of owner/name@commit": ("data", {**good["data"], "hub": ["owner/name", None]}),
     }
     for why, (key, value) in cases.items():
         bad = {**copy.deepcopy(good), key: value}

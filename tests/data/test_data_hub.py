@@ -405,11 +405,23 @@ def test_hub_fields_and_tokenizers_are_checked_where_the_config_is_read(tmp_path
         "invalid config (6 problems):\n"
         "  - data.sources[0].prefetch must be >= 0, got -1\n"
         "  - data.sources[0] (hub) needs repo = \"owner/name\" (a Hub dataset repository), got ''\n"
-        "  - data.sources[0] (hub) needs files = \"...\", a glob of the repository's files (e.g. \"data/*.parquet\")\n"
+        "  - data.sources[0] (hub) needs files = \"...\", a glob of the repository's files (e.g. \"data/*.parquet\"), "
+        "or config = \"...\", a config its README.md declares\n"
         "  - data.sources[0] (hub) takes repo and files, not path (path names local files)\n"
-        "  - data.sources[1] (jsonl) reads local files: repo and files are for kind = \"hub\"\n"
+        "  - data.sources[1] (jsonl) reads local files: repo, files, config and split are for kind = \"hub\"\n"
         "  - data.tokenizer='hf://just-a-name' must name a Hub repository as hf://owner/name or "
         "hf://owner/name@revision")
+    both = tmp_path / "both.toml"
+    both.write_text('[[data.sources]]\nkind = "hub"\nrepo = "a/b"\nfiles = "*.parquet"\nconfig = "c"\n'
+                    '[[data.sources]]\nkind = "hub"\nrepo = "a/b"\nfiles = "*.parquet"\nsplit = "test"\n')
+    with pytest.raises(ConfigError) as e:
+        load_config(both)
+    assert str(e.value) == (
+        "invalid config (2 problems):\n"
+        "  - data.sources[0] (hub) takes files or config, not both (files: a glob of the repository's files; config: "
+        "one its README.md declares)\n"
+        "  - data.sources[1].split = 'test' selects a split of a config: set config too (with files, the glob alone "
+        "selects)")
 
 
 def test_the_fineweb_reference_recipe_validates_and_caps_at_1_1b_tokens():
@@ -435,3 +447,127 @@ def test_a_capped_streaming_source_fetches_only_the_first_files_and_leaves_none(
     fetched = sorted(set(_downloads(hub, mark, oids)))
     assert fetched == list(range(len(fetched))) and 1 <= len(fetched) <= 3  # the first files, one fetched ahead
     assert not (tmp_path / "cap" / ".hub-files").exists()
+
+
+def test_a_resume_on_data_prepared_from_a_moved_branch_names_the_source_and_both_commits(hub, tmp_path, tokenizer_file,
+                                                                                         baton_cli, monkeypatch):
+    from support.helpers import write_config
+
+    files = corpus_files(n_files=2)
+    repo, first = new_repo(hub, files)
+    cfg = write_config(tmp_path / "run.toml", tmp_path / "data", tmp_path / "store", tmp_path / "runs")
+    text = cfg.read_text()
+    stdlib = '[[data.sources]]\nkind = "stdlib"\nmax_bytes = 400000\n'
+    assert stdlib in text
+    cfg.write_text(text.replace(stdlib, hub_source(repo, "data/*.parquet")).replace(
+        "tokenizer_vocab = 512\n", f"tokenizer_vocab = 512\ntokenizer = {json.dumps(str(tokenizer_file))}\n"))
+    m = prepare(load_config(cfg), progress=False)
+
+    def train(*args: str):
+        # Training reads the prepared folder only: no Hub endpoint, so the pre-imported CLI process serves it.
+        with monkeypatch.context() as env:
+            env.delenv("HF_ENDPOINT")
+            env.delenv("HF_TOKEN")
+            return baton_cli("train", "-c", str(cfg), "--no-progress", *args)
+
+    r = train("--stop-after-steps", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    pointer = json.loads((tmp_path / "store" / "test" / "latest.json").read_text())
+    state = json.loads((tmp_path / "store" / "test" / pointer["path"] / "state.json").read_text())
+    assert state["data"]["hub"] == [f"{repo}@{first}"]
+
+    moved = hub.put(f"datasets/{repo}", {"data/train-00001.parquet": parquet_bytes(DOCS[50:60], 50)})
+    new = prepare(load_config(cfg), force=True, progress=False)
+    assert new["fingerprint"] != m["fingerprint"]
+    r = train()
+    errors = [line for line in r.stderr.splitlines() if line.startswith("baton: error:")]
+    assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert (f"data.fingerprint: checkpoint '{m['fingerprint']}', now '{new['fingerprint']}' (data source 0, hub "
+            f"{repo}: commit {first} -> {moved}; revision = \"{first}\" and `baton prepare --force` restore the "
+            "checkpoint's data)") in errors[0]
+
+
+CARD = b"""---
+license: mit
+configs:
+- config_name: default
+  data_files:
+  - split: train
+    path: data/train-*.parquet
+  - split: test
+    path: [data/small.jsonl]
+- config_name: extra
+  data_files: data/extra.jsonl.gz
+---
+# a corpus with two configs
+"""
+
+
+def test_a_config_and_split_select_the_files_the_readme_declares_at_the_pinned_commit(hub, tmp_path, tokenizer_file):
+    from baton.data.hub import HubDataset
+
+    files = {**corpus_files(n_files=2), "README.md": CARD}
+    repo, commit = new_repo(hub, files)
+    m = prepare(load_config(config(tmp_path / "c.toml", tmp_path / "c", hub_source(repo, "", 'config = "default"\n'),
+                                   str(tokenizer_file))), progress=False)
+    parquet = ["data/train-00000.parquet", "data/train-00001.parquet"]
+    pin = m["sources"][0]["hub"]
+    assert (pin["commit"], pin["config"], pin["split"], [f["path"] for f in pin["files"]]) == (
+        commit, "default", "train", parquet)
+    # The same files named by a glob: the same prepared data.
+    m_glob = prepare(load_config(config(tmp_path / "g.toml", tmp_path / "c", hub_source(repo, "data/train-*"),
+                                        str(tokenizer_file))), progress=False)
+    assert m_glob["fingerprint"] == m["fingerprint"]
+
+    def chosen(config: str, split: str = "train") -> list[str]:
+        ds = HubDataset(repo, "main", "", "data source 0", config=config, split=split)
+        ds.close()
+        return [f.path for f in ds.files]
+
+    assert chosen("default", "test") == ["data/small.jsonl"] and chosen("extra") == ["data/extra.jsonl.gz"]
+    with pytest.raises(DataError) as e:
+        chosen("sample-10BT")
+    assert str(e.value) == (f"data source 0: {repo} at {commit[:12]} declares no config 'sample-10BT' (its configs: "
+                            "default, extra): set config to one of them")
+    with pytest.raises(DataError) as e:
+        chosen("extra", "validation")
+    assert str(e.value) == (f"data source 0: {repo} at {commit[:12]}: config 'extra' has no split 'validation' (its "
+                            "splits: train): set split to one of them")
+    # What the README says at the pinned commit counts, not what it says later.
+    hub.put(f"datasets/{repo}", {"README.md": CARD.replace(b"data/extra.jsonl.gz", b"data/small.jsonl")})
+    assert HubDataset(repo, commit, "", "s", config="extra").files[0].path == "data/extra.jsonl.gz"
+    bare, _ = new_repo(hub, corpus_files(n_files=1))
+    with pytest.raises(DataError, match=r"declares no configs \(its README.md has no configs: list\): select the "
+                                        r'files with files = "..." instead'):
+        HubDataset(bare, "main", "", "s", config="default")
+
+
+def test_every_form_of_data_files_the_hub_declares_is_read():
+    from baton.data.hub_card import declared_configs
+
+    card = """---
+configs:
+- config_name: one
+  data_files: a/*.parquet
+- config_name: many
+  data_files: [a/*.parquet, b/*.parquet]
+- config_name: splits
+  data_files:
+  - split: train
+    path: [t/0.parquet, t/1.parquet]
+  - split: test
+    path: e/*.jsonl
+- config_name: table
+  data_files: {train: t/*.parquet, validation: [v/*.parquet]}
+---
+text
+"""
+    assert declared_configs(card, "r") == {
+        "one": {"train": ["a/*.parquet"]}, "many": {"train": ["a/*.parquet", "b/*.parquet"]},
+        "splits": {"train": ["t/0.parquet", "t/1.parquet"], "test": ["e/*.jsonl"]},
+        "table": {"train": ["t/*.parquet"], "validation": ["v/*.parquet"]}}
+    with pytest.raises(DataError, match=r"^r: the YAML front matter of its README.md does not parse at line 3: "):
+        declared_configs("---\nconfigs:\n  - [unclosed\n---\n", "r")
+    with pytest.raises(DataError, match=r"^r: its README.md declares a config that is not a config_name with "
+                                        r"data_files \(\{'config_name': 'x'\}\)"):
+        declared_configs("---\nconfigs:\n- config_name: x\n---\n", "r")
