@@ -252,7 +252,10 @@ class Config:
 
     def validate(self) -> None:
         # A NaN or infinity makes the range checks meaningless (NaN fails none of them): named alone.
-        problems = _nonfinite_problems(self) or _semantic_problems(self)
+        # A path or URL no file system or urllib takes is named alone too: later checks would trip on it.
+        from .guard import config_problems
+
+        problems = _nonfinite_problems(self) or config_problems(self) or _semantic_problems(self)
         if problems:
             raise ConfigError(_format(problems))
 
@@ -265,10 +268,10 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     """Read TOML (or start from defaults when ``path`` is None), apply ``a.b=c`` overrides, validate."""
     raw: dict[str, Any] = {}
     if path is not None:
-        from .guard import input_file
+        from .guard import input_path
         from .reads import reading
 
-        p = input_file(path, "config file", "pass --config with an existing TOML file")
+        p = input_path(path, "config file", "pass --config with an existing TOML file")
         try:
             with reading(p, "config file", "save it as UTF-8 TOML text, or pass --config with a TOML file"):
                 text = p.read_text(encoding="utf-8")
@@ -542,15 +545,6 @@ def _semantic_problems(cfg: Config) -> list[str]:
                  f"{s.request_timeout:g}")
     if not s.url:
         p.append("store.url is empty (a local folder, s3://bucket/prefix or hf://owner/repo)")
-    elif _url_has_credentials(s.url):
-        # Named, never echoed: the config is printed, logged and saved in every checkpoint.
-        p.append("store.url must not carry credentials (user:password@ in the URL or in its endpoint); set "
-                 "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (S3) or HF_TOKEN (Hub) in the environment instead")
-    from .guard import file_url_problem
-
-    for key, url in (("store.url", s.url), ("data.url", d.url), ("publish.url", cfg.publish.url)):
-        if url and (problem := file_url_problem(url, key)):
-            p.append(problem)
     p.extend(_data_url_problems(d, s))
     p.extend(_publish_problems(cfg))
     b = cfg.budget
@@ -596,10 +590,7 @@ def _data_url_problems(d: DataConfig, s: StoreConfig) -> list[str]:
     out = []
     if d.transfer_workers is not None and not 1 <= d.transfer_workers <= 64:
         out.append(f"data.transfer_workers must be in 1..64, got {d.transfer_workers}")
-    if d.url and _url_has_credentials(d.url):
-        out.append("data.url must not carry credentials (user:password@); set AWS_ACCESS_KEY_ID / "
-                   "AWS_SECRET_ACCESS_KEY (S3) or HF_TOKEN (Hub) in the environment instead")
-    elif d.url and d.url.rstrip("/") == (s.url or "").rstrip("/"):
+    if d.url and d.url.rstrip("/") == (s.url or "").rstrip("/"):
         # The dataset sits at the root of data.url; the checkpoint store's root holds runs.
         out.append(f"data.url is the same location as store.url ({d.url!r}); give the dataset its own folder or "
                    "prefix, e.g. s3://bucket/datasets/NAME")
@@ -612,8 +603,6 @@ def _publish_problems(cfg: Config) -> list[str]:
     if url and "://" in url and url.split("://", 1)[0] not in ("file", "s3", "hf"):
         out.append(f"publish.url {url.split('://', 1)[0]}:// is not supported (use hf://owner/repo, s3://, file:// "
                    "or a path)")
-    elif url and _url_has_credentials(url):
-        out.append("publish.url must not carry credentials; set HF_TOKEN or AWS_* in the environment instead")
     if cfg.publish.every < 0:
         out.append(f"publish.every must be >= 0, got {cfg.publish.every}")
     if cfg.eval.limit < 0:
@@ -628,7 +617,9 @@ def _log_problems(lg: LogConfig) -> list[str]:
            if b not in BACKENDS]
     if len(set(lg.backends or [])) != len(lg.backends or []):
         out.append(f"log.backends lists a backend twice: {lg.backends}")
-    if lg.mlflow_uri and _url_has_credentials(lg.mlflow_uri):
+    from .guard import has_credentials
+
+    if lg.mlflow_uri and has_credentials(lg.mlflow_uri, "log.mlflow_uri"):
         out.append("log.mlflow_uri must not carry credentials (user:password@); set MLFLOW_TRACKING_USERNAME / "
                    "MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN in the environment instead")
     return out
@@ -681,16 +672,6 @@ def _budget_text_problems(b: BudgetConfig) -> list[str]:
     except BatonError as e:
         out.append(str(e))
     return out
-
-
-def _url_has_credentials(url: str) -> bool:
-    from urllib.parse import parse_qs, urlsplit
-
-    if "://" not in url:
-        return False
-    parts = urlsplit(url)
-    urls = [parts.netloc] + [urlsplit(v).netloc for vs in parse_qs(parts.query).values() for v in vs if "://" in v]
-    return any("@" in netloc for netloc in urls)
 
 
 def _divisors_near(n: int, k: int) -> str:

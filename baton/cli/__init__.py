@@ -295,10 +295,11 @@ def cmd_publish(args) -> int:
 
 
 def cmd_sample(args) -> int:
-    from ..guard import input_dir
+    from ..guard import input_path
     from ..model.export import generate
 
-    folder = input_dir(args.source, "--from", "give a folder written by `baton export`, or run `baton export` first")
+    folder = input_path(args.source, "--from", "give a folder written by `baton export`, or run `baton export` first",
+                        folder=True)
     print(generate(folder, args.prompt, args.max_new_tokens, args.temperature, args.seed))
     return 0
 
@@ -307,12 +308,12 @@ def cmd_verify_data(args) -> int:
     from ..data.verify import verify_data
 
     if args.dir:
-        from ..guard import input_dir, local_store_root
+        from ..guard import input_path, local_store_root
 
         folder = args.dir
         root = local_store_root(folder, "--dir")
         if root is not None:
-            input_dir(root, "--dir", "give the data folder `baton prepare` wrote")
+            input_path(root, "--dir", "give the data folder `baton prepare` wrote", folder=True)
     elif args.config:
         cfg = _load(args)
         folder = cfg.data.url or cfg.data.dir
@@ -413,8 +414,10 @@ def cmd_preflight(args) -> int:
 
     if args.leg_steps is not None and args.leg_steps < 1:
         raise BatonError(f"--leg-steps must be >= 1, got {args.leg_steps}")
-    from ..guard import output_dir
+    from ..guard import local_store_root, output_dir
 
+    if args.store:
+        local_store_root(args.store, "--store")
     out = output_dir(args.out, "--out", _load(args), args.force)
     doc = run_preflight(args.config, out, parse_stages(args.stages), args.scale, args.overrides,
                         args.store, args.leg_steps, args.session_hours, args.keep_work, args.resume_overrides)
