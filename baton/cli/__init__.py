@@ -423,6 +423,8 @@ def cmd_preflight(args) -> int:
                         args.store, args.leg_steps, args.session_hours, args.keep_work, args.resume_overrides)
     for row in doc["scorecard"]:
         print(f"{row['n']:>2}. {row['result']:<10} {row['requirement']}")
+        if row["result"] == "fail":  # what failed, where a person looks first
+            print(f"    {row['evidence']}")
     stop = doc["stages"]["stop_probe"]["numbers"].get("verdict")
     if stop:
         print(stop)
