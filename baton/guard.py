@@ -70,8 +70,8 @@ def path_problem(value: object) -> str | None:
         raw = os.fsencode(text)
     except UnicodeError:
         return "holds characters no file name can be encoded with"
-    p = Path(text).expanduser()
-    longest = max(len(os.fsencode(part)) for part in p.parts)
+    p = _expanded(text)
+    longest = max((len(os.fsencode(part)) for part in p.parts), default=0)
     if longest > (most := _limit(p, "PC_NAME_MAX", 255)):
         return f"has a name of {longest} bytes; the file system takes at most {most}"
     if len(raw) >= (most := _limit(p, "PC_PATH_MAX", 4096)):
@@ -79,11 +79,16 @@ def path_problem(value: object) -> str | None:
     return None
 
 
+def _expanded(text: str) -> Path:
+    # os.path leaves "~nobody" as it is where Path.expanduser() raises RuntimeError.
+    return Path(os.path.expanduser(text))
+
+
 def path_value(value: object, what: str, fix: str) -> Path:
     """``value`` as a Path (``~`` expanded), or the PathError that says why it cannot be one."""
     if problem := path_problem(value):
         raise PathError(f"{what} {shown(value)} {problem} ({fix})")
-    return Path(os.fspath(value)).expanduser()  # type: ignore[call-overload]
+    return _expanded(os.fspath(value))  # type: ignore[call-overload]
 
 
 def input_path(value: object, what: str, fix: str, folder: bool = False) -> Path:
@@ -133,7 +138,7 @@ def output_place(value: object, what: str, fix: str, write: bool = True, key: st
 
 def resolved(path: str | Path) -> Path:
     """Absolute, with symlinks followed: two spellings of one folder compare equal."""
-    return Path(os.path.realpath(Path(path).expanduser()))
+    return Path(os.path.realpath(_expanded(os.fspath(path))))
 
 
 def _inside(path: Path, root: Path) -> bool:

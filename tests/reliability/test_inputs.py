@@ -19,7 +19,6 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import baton
-from baton import api
 from baton.config import Config, config_from_dict, load_config
 from baton.errors import BatonError
 from baton.guard import PATH_KEYS, URL_KEYS, check_layout
@@ -163,8 +162,8 @@ def test_publish_and_eval_refuse_before_any_work(world, capsys):
     (w / "a-file").write_text("not a folder")
     pub = ["publish", "-c", cfg, "--set"]
     cases = [
-        ([*pub, f"publish.url={w / 'out'}", "--revision", "../x"], "--revision '../x' must be a relative name"),
-        ([*pub, f"publish.url={w / 'out'}", "--revision", "/abs"], "--revision '/abs' must be a relative name"),
+        ([*pub, f"publish.url={w / 'out'}", "--revision", "../x"], "--revision ../x must be a relative name"),
+        ([*pub, f"publish.url={w / 'out'}", "--revision", "/abs"], "--revision /abs must be a relative name"),
         ([*pub, f"publish.url={w / 'a-file'}"], "is a file, not a folder"),
         ([*pub, f"publish.url={w / 'a-file' / 'sub'}"], "is a file, not a folder"),
         ([*pub, "publish.url=/proc/baton-nope"], "publish.url /proc/baton-nope cannot be written"),
@@ -177,7 +176,6 @@ def test_publish_and_eval_refuse_before_any_work(world, capsys):
         (["publish-data", "-c", cfg, "--set", f"data.url={w / 'runs' / 'test'}"], "is inside the run folder"),
         (["eval", "-c", cfg, "--files", str(w / "corpus")], "is a folder, not a file"),
         (["eval", "-c", cfg, "--files", "a\x00b"], "eval file a\\x00b holds a NUL byte"),
-        (["eval", "-c", cfg, "--step", "7"], "step 7"),
     ]
     for argv, expect in cases:
         before = _snapshot(w)
