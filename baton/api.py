@@ -117,6 +117,9 @@ def checked(fn: Any) -> Any:
             from .runtime.launch import LaunchSpec
 
             hints.update(typing.get_type_hints(fn, {**fn.__globals__, "Config": Config, "LaunchSpec": LaunchSpec}))
+        from .guard import check_environment
+
+        check_environment()
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError as e:

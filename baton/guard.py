@@ -160,6 +160,18 @@ def split_url(url: str, key: str, fix: str = "check its brackets and its port") 
     return parts
 
 
+# Endpoints libraries read from the environment: huggingface_hub splits HF_ENDPOINT when it is imported.
+ENDPOINT_VARIABLES = {"HF_ENDPOINT": "the Hub endpoint (HF_ENDPOINT)", "AWS_ENDPOINT_URL": "the S3 endpoint",
+                      "AWS_ENDPOINT_URL_S3": "the S3 endpoint"}
+
+
+def check_environment() -> None:
+    """The endpoint variables split as URLs, before any library that reads them is imported."""
+    for name, what in ENDPOINT_VARIABLES.items():
+        if os.environ.get(name):
+            split_url(os.environ[name], what, f"fix or unset {name}")
+
+
 def has_credentials(url: str, key: str) -> bool:
     """Whether ``url`` (or a URL in its query, an endpoint) carries user:password@."""
     if "://" not in url:

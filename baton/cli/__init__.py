@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import BatonError
-from ..guard import count, finite_float
+from ..guard import check_environment, count, finite_float
 
 log = logging.getLogger("baton")
 
@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.setup(rank)
     status = 1
     try:
+        check_environment()
         args = build_parser().parse_args(argv)
         status = COMMANDS[args.command](args)
     except BatonError as e:

@@ -261,3 +261,18 @@ def test_a_config_changed_in_place_is_checked_again_by_every_function(world):
     cfg.store.url = w / "store"  # a Path where the config holds text
     with pytest.raises(BatonError, match="store.url must be str, got PosixPath"):
         baton.status(cfg)
+
+
+@pytest.mark.parametrize("variable, url, key", [
+    ("AWS_ENDPOINT_URL", "s3://bucket/p", "the S3 endpoint"), ("AWS_ENDPOINT_URL_S3", "s3://bucket/p", "the S3 endpoint"),
+    ("HF_ENDPOINT", "hf://owner/repo", "the Hub endpoint (HF_ENDPOINT)"),
+])
+@pytest.mark.parametrize("endpoint", ["http://[::1", "http://[x]:99", "http://h:port"])
+def test_an_endpoint_urllib_cannot_split_is_one_line(variable, url, key, endpoint, world, monkeypatch, capsys):
+    w, cfg = world
+    monkeypatch.setenv(variable, endpoint)
+    before = _snapshot(w)
+    line = assert_input_error(run_in_process(["status", "-c", cfg, "--set", f"store.url={url}"], capsys),
+                              f"{key} {endpoint} is not a valid URL")
+    _one_line_escaped(line)
+    assert _snapshot(w) == before
