@@ -276,3 +276,24 @@ def test_an_endpoint_urllib_cannot_split_is_one_line(variable, url, key, endpoin
                               f"{key} {endpoint} is not a valid URL")
     _one_line_escaped(line)
     assert _snapshot(w) == before
+
+
+def test_dangling_symlinks_and_overlong_names_are_one_line(world, capsys):
+    w, cfg = world
+    link = w / "link"
+    link.symlink_to(w / "nowhere")
+    cases = [
+        (["export", "-c", cfg, "--out", str(link)], f"--out {link} is a symlink to {w / 'nowhere'}, which does not "
+                                                    "exist"),
+        (["prepare", "-c", cfg, "--no-progress", "--set", f"data.dir={link}"],
+         f"the data folder {link} (data.dir) is a symlink to"),
+        (["train", "-c", cfg, "--no-progress", "--set", f"run.local_dir={link}"],
+         f"the run folder {link / 'test'} (run.local_dir) cannot be made: {link} is a dangling symlink"),
+        (["export", "-c", cfg, "--out", "n" * 300], "has a name of 300 bytes; the file system takes at most 255"),
+        (["plan", "--rate-from", "/x" * 2500, "--steps", "10", "--tokens-per-step", "9", "--session-hours", "1"], "is 5000 bytes long; the file system takes paths under"),
+        (["config", "-c", "a\x1b[31m.toml"], "config file a\\x1b[31m.toml holds a control character"),
+    ]
+    for argv, expect in cases:
+        before = _snapshot(w)
+        _one_line_escaped(assert_input_error(run_in_process(argv, capsys), expect))
+        assert _snapshot(w) == before, argv
