@@ -67,8 +67,8 @@ _REFUSED = object()
 
 
 def _taken(tp: Any, value: Any) -> Any:
-    """``value`` as an argument of type ``tp`` takes it, or _REFUSED. A str where a collection of str is
-    expected is one item, never its letters."""
+    """``value`` as an argument of type ``tp`` takes it, or _REFUSED. A str (or a Path) where a collection
+    of them is expected is one item, never its letters."""
     import typing
     from collections.abc import Iterable, Mapping
 
@@ -83,7 +83,7 @@ def _taken(tp: Any, value: Any) -> Any:
     if origin is not None and issubclass(origin, Mapping):
         return value if isinstance(value, Mapping) and all(isinstance(k, str) for k in value) else _REFUSED
     if origin is not None and issubclass(origin, Iterable):
-        items = [value] if isinstance(value, str) else value
+        items = [value] if isinstance(value, (str, os.PathLike)) else value
         if isinstance(items, (bytes, Mapping)) or not isinstance(items, Iterable):
             return _REFUSED
         items = list(items)
@@ -409,7 +409,7 @@ def export(cfg: Config, out: str | Path, source: str = "store", step: int | None
 
 
 @checked
-def eval(cfg: Config, step: int | None = None, *, files: Iterable[str] | None = None,  # noqa: A001 - `baton eval`
+def eval(cfg: Config, step: int | None = None, *, files: Iterable[str | Path] | None = None,  # noqa: A001 - `baton eval`
          tasks: Iterable[str] | None = None) -> dict[str, Any]:
     """`baton eval`: score the verified checkpoint at ``step`` (None: the pointer's) on the run's held-out
     windows, ``files`` and lm-eval ``tasks`` (None: the config's eval.files / eval.tasks); the record is written
@@ -417,7 +417,8 @@ def eval(cfg: Config, step: int | None = None, *, files: Iterable[str] | None = 
     from .evaluate.run import run_eval
 
     _console()
-    record, _ = run_eval(cfg, step, None if files is None else list(files), None if tasks is None else list(tasks))
+    record, _ = run_eval(cfg, step, None if files is None else [os.fspath(f) for f in files],
+                         None if tasks is None else list(tasks))
     return record.to_json()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import shutil
 from pathlib import Path, PurePath
 
@@ -195,12 +196,13 @@ PUBLIC = ["load_config", "prepare", "publish_data", "train", "status", "plan", "
 def _accepts(annotation: str, value: object) -> bool:
     """Whether an argument annotated ``annotation`` (the source text) takes ``value``, read independently of
     the API's own check."""
-    for part in annotation.split(" | "):
-        part = part.strip()
+    for part in re.split(r" \| (?![^\[]*\])", annotation):  # the top level's alternatives
         if part == "Any" or (part == "None" and value is None):
             return True
-        if part.startswith(("Iterable[str]", "list[str]")) and (
-                isinstance(value, str) or isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
+        items = re.fullmatch(r"Iterable\[(.+)\]", part)
+        if items and (isinstance(value, (str, PurePath)) and _accepts(items.group(1), value) or isinstance(
+                value, (list, tuple)) and all(
+                _accepts(items.group(1), v) for v in value)):
             return True
         if part.startswith("Mapping[") and isinstance(value, dict):
             return True
