@@ -192,8 +192,8 @@ def local_store_root(url: str, key: str = "store.url") -> Path | None:
     if url.startswith("file://") and not url.startswith("file:///"):
         # After file:// comes a host: file://rel/x is host "rel", path "/x"; taking it as rel/x would be a guess.
         shown_url = url if "@" not in url else "file://…"  # never echo what may be credentials
-        raise ConfigError(f"{key} {shown(shown_url)} is a file:// URL without an absolute path (what follows file:// "
-                        "is read as a host): write file:///absolute/path or a plain path")
+        raise ConfigError(f"{key} {shown(shown_url)} is a file:// URL without an absolute path (what follows "
+                          "file:// is read as a host): write file:///absolute/path or a plain path")
     return path_value(url.removeprefix("file://"), key, f"set {key} to a folder")
 
 
@@ -214,22 +214,19 @@ def config_problems(cfg: Any) -> list[str]:
     for key, v in values:
         if v != "" and (problem := path_problem(v)):
             out.append(f"{key} {shown(v)} {problem} (give {key} a path the file system takes)")
-    for key in URL_KEYS:
-        url = getattr(cfg, key.split(".")[0]).url
+    for key in (*URL_KEYS, "log.mlflow_uri"):
+        section, name = key.split(".")
+        url = getattr(getattr(cfg, section), name)
         try:
-            if url:
+            if url and key in URL_KEYS:
                 local_store_root(url, key)
-            if url and has_credentials(url, key):
-                # Named, never echoed: the config is printed, logged and saved in every checkpoint.
-                out.append(f"{key} must not carry credentials (user:password@ in the URL or in its endpoint); set "
-                           "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (S3) or HF_TOKEN (Hub) in the environment "
-                           "instead")
+                if has_credentials(url, key):  # named, never echoed: the config is printed, logged and saved
+                    out.append(f"{key} must not carry credentials (user:password@ in the URL or in its endpoint); "
+                               "set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (S3) or HF_TOKEN (Hub) in the "
+                               "environment instead")
+            elif "://" in url:
+                split_url(url, key)
         except BatonError as e:
-            out.append(str(e))
-    if "://" in cfg.log.mlflow_uri:
-        try:
-            split_url(cfg.log.mlflow_uri, "log.mlflow_uri")
-        except ConfigError as e:
             out.append(str(e))
     return out
 
