@@ -173,7 +173,7 @@ def prepare(cfg: Config, *, force: bool = False, progress: bool = True, publish:
     from .data.prepare import prepare as run_prepare
     from .guard import check_layout
 
-    check_layout(cfg, ("data.dir",))  # as the CLI does, and the data folder takes a write
+    check_layout(cfg, ("data.dir", "data.url") if publish else ("data.dir",))  # the folders it writes take a write
 
     _console()
     if publish:
@@ -195,7 +195,9 @@ def publish_data(cfg: Config) -> str:
     A rerun after a kill uploads only what the store does not already hold verified.
     """
     from .data.publish import publish
+    from .guard import check_layout
 
+    check_layout(cfg, ("data.url",))
     _console()
     line = publish(cfg).line()
     print(line)
@@ -233,7 +235,7 @@ def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = N
     rank = _console()
     from .guard import check_layout
 
-    check_layout(cfg, ("store.url", "run.local_dir"))  # as the CLI does, and folders it writes take a write
+    check_layout(cfg, ("store.url", "run.local_dir", "publish.url"))  # the folders it writes take a write
     if stop_after_steps is not None and stop_after_steps <= 0:
         raise BatonError(f"--stop-after-steps must be a positive step number, got {stop_after_steps!r}")
     spec = launch or LaunchSpec(nproc=nproc)

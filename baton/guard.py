@@ -262,7 +262,8 @@ def check_layout(cfg: Config, writes: tuple[str, ...] = ()) -> None:
     """The store's, the run's and the data's folders: each a folder (or not yet made), none inside another;
     those whose config keys are in ``writes`` (the command writes there) on a disk that takes a write
     (found now, not after a session's training when its first checkpoint is saved). Then the local places
-    baton publishes to obey the place rule: data.url may be the data folder itself (used where it lies)."""
+    baton publishes to: outside those folders (data.url may be the data folder itself, used where it lies),
+    folders or places for one, probed for a write when in ``writes`` too."""
     named = places(cfg)
     for name, key, folder in named:
         fix = f"set {key} to a folder" + (" on a writable disk" if key in writes else "")
@@ -280,6 +281,7 @@ def check_layout(cfg: Config, writes: tuple[str, ...] = ()) -> None:
         target = local_store_root(url, key) if url else None
         if target is not None and not (key == "data.url" and resolved(target) == resolved(cfg.data.dir)):
             outside_places(target, key, cfg)
+            output_place(target, key, f"set {key} to a folder you may write", key in writes)
 
 
 def output_dir(path: object, flag: str, cfg: Config | None = None, force: bool = False,

@@ -175,6 +175,11 @@ def test_publish_and_eval_refuse_before_any_work(world, capsys):
         ([*pub, f"publish.url={w}"], "holds the store's folder"),
         (["publish-data", "-c", cfg, "--set", f"data.url={w / 'corpus' / 'copy'}"], "is inside the data folder"),
         (["publish-data", "-c", cfg, "--set", f"data.url={w / 'runs' / 'test'}"], "is inside the run folder"),
+        (["train", "-c", cfg, "--no-progress", "--set", f"publish.url={w / 'a-file'}"],
+         f"publish.url {w / 'a-file'} is a file, not a folder"),  # said now, not at the horizon's publish
+        (["train", "-c", cfg, "--no-progress", "--set", "publish.url=/proc/baton-nope"],
+         "publish.url /proc/baton-nope cannot be written"),
+        (["publish-data", "-c", cfg, "--set", f"data.url={w / 'a-file'}"], "is a file, not a folder"),
         (["eval", "-c", cfg, "--files", str(w / "corpus")], "is a folder, not a file"),
         (["eval", "-c", cfg, "--files", "a\x00b"], "eval file a\\x00b holds a NUL byte"),
     ]
