@@ -66,12 +66,12 @@ def path_problem(value: object) -> str | None:
         return "holds a NUL byte"
     if any(ord(c) < 32 or ord(c) == 127 for c in text):
         return "holds a control character"
-    try:
-        raw = os.fsencode(text)
+    try:  # bytes that are no UTF-8 arrive as surrogates; Rust-backed libraries (tokenizers) refuse such paths
+        raw = text.encode("utf-8")
     except UnicodeError:
-        return "holds characters no file name can be encoded with"
+        return "holds bytes that are not UTF-8 text"
     p = _expanded(text)
-    longest = max((len(os.fsencode(part)) for part in p.parts), default=0)
+    longest = max((len(part.encode()) for part in p.parts), default=0)
     if longest > (most := _limit(p, "PC_NAME_MAX", 255)):
         return f"has a name of {longest} bytes; the file system takes at most {most}"
     if len(raw) >= (most := _limit(p, "PC_PATH_MAX", 4096)):

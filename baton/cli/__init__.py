@@ -182,6 +182,10 @@ TORCHRUN_VARIABLES = {"RANK": "a rank number", "LOCAL_RANK": "a rank number", "G
 def main(argv: list[str] | None = None) -> int:
     from ..runtime import logs
 
+    for stream in (sys.stdout, sys.stderr):  # a path's undecodable bytes (surrogates) print escaped, never raise
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
     for name, what in TORCHRUN_VARIABLES.items():
         # Checked before logging is set up (it needs the rank), in the one line every user error gets; read
         # as numbers later by code paths far from the command line.
