@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import time
+import types
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,15 +47,105 @@ def _console() -> int:
     return rank
 
 
-def _config(cfg: Any, fn: str) -> None:
-    """A notebook's likeliest slip, ``baton.train("configs/tiny.toml")``, said in the one line a BatonError shows."""
-    from .config import Config
+def _kinds(tp: Any) -> str:
+    """A type hint in words, for the line that says what an argument takes."""
+    import typing
 
-    if not isinstance(cfg, Config):
-        raise ConfigError(f"baton.{fn} takes the Config that baton.load_config(path) returns, not a "
-                          f"{type(cfg).__name__} ({cfg!r:.80})")
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join(_kinds(a) for a in args)
+    if args:  # Iterable[str], Mapping[str, Any]
+        return "a mapping of str keys" if len(args) == 2 else f"a list of {_kinds(args[0])}"
+    if tp is type(None):
+        return "None"
+    if getattr(tp, "__name__", "") == "Config":
+        return "the Config that baton.load_config(path) returns"
+    return getattr(tp, "__name__", str(tp))
 
 
+_REFUSED = object()
+
+
+def _taken(tp: Any, value: Any) -> Any:
+    """``value`` as an argument of type ``tp`` takes it, or _REFUSED. A str (or a Path) where a collection
+    of them is expected is one item, never its letters."""
+    import typing
+    from collections.abc import Iterable, Mapping
+
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        for member in args:
+            if (got := _taken(member, value)) is not _REFUSED:
+                return got
+        return _REFUSED
+    if origin is not None and issubclass(origin, Mapping):
+        return value if isinstance(value, Mapping) and all(isinstance(k, str) for k in value) else _REFUSED
+    if origin is not None and issubclass(origin, Iterable):
+        items = [value] if isinstance(value, (str, os.PathLike)) else value
+        if isinstance(items, (bytes, Mapping)) or not isinstance(items, Iterable):
+            return _REFUSED
+        items = list(items)
+        return items if all(_taken(args[0], v) is not _REFUSED for v in items) else _REFUSED
+    if tp is type(None):
+        return value if value is None else _REFUSED
+    if isinstance(value, bool) and tp is not bool:  # True is an int to Python, never a count or a path to baton
+        return _REFUSED
+    if tp is float:
+        return value if isinstance(value, (int, float)) else _REFUSED
+    return value if isinstance(value, tp) else _REFUSED
+
+
+def checked(fn: Any) -> Any:
+    """The API function ``fn`` with its arguments checked against its own annotations before it runs: a
+    wrong type is one ConfigError naming the argument and what it takes; a Config is checked as the CLI
+    checks it (every field's type and value, even one changed in place, and the store's, run's and data's
+    folders)."""
+    import functools
+    import inspect
+
+    sig = inspect.signature(fn)
+    hints: dict[str, Any] = {}
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not hints:  # resolved at the first call: the annotations name classes imported only then
+            import typing
+
+            from .config import Config
+            from .runtime.launch import LaunchSpec
+
+            hints.update(typing.get_type_hints(fn, {**fn.__globals__, "Config": Config, "LaunchSpec": LaunchSpec}))
+        from .guard import check_environment
+
+        check_environment()
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise ConfigError(f"baton.{fn.__name__}: {e}") from None
+        for name, value in bound.arguments.items():
+            if sig.parameters[name].kind is inspect.Parameter.VAR_KEYWORD or name not in hints:
+                continue
+            got = _taken(hints[name], value)
+            if got is _REFUSED:
+                from .guard import shown
+
+                raise ConfigError(f"baton.{fn.__name__}: {name} must be {_kinds(hints[name])}, got "
+                                  f"{type(value).__name__} {shown(repr(value), 80)}")
+            bound.arguments[name] = got
+            if type(got).__name__ == "Config" and hints[name] is not Any:
+                from .config import config_from_dict
+                from .guard import check_layout
+
+                config_from_dict(got.to_dict())  # every field's type and value again, as a file's are
+                check_layout(got)
+        return fn(*bound.args, **bound.kwargs)
+
+    return call
+
+
+@checked
 def load_config(path: str | Path | None = None,
                 overrides: Mapping[str, Any] | Iterable[str] | None = None) -> Config:
     """Read a TOML config (or start from the defaults when ``path`` is None) and apply overrides.
@@ -64,8 +155,6 @@ def load_config(path: str | Path | None = None,
     """
     from .config import load_config as load
 
-    if isinstance(overrides, str):  # one "key=value": not a sequence of one-letter overrides
-        overrides = [overrides]
     if isinstance(overrides, Mapping):
         # A JSON literal is a TOML literal for the value types a config holds (strings, numbers, booleans,
         # lists of them), so a Python value arrives typed exactly, never re-guessed from its text.
@@ -75,16 +164,16 @@ def load_config(path: str | Path | None = None,
     return load(path, items)
 
 
+@checked
 def prepare(cfg: Config, *, force: bool = False, progress: bool = True, publish: bool = False) -> dict[str, Any]:
     """Tokenize the configured sources into ``data.dir``; returns the manifest. Reuses a matching folder.
 
     ``publish`` then pushes the prepared dataset to ``data.url``, verified (see :func:`publish_data`).
     """
-    _config(cfg, "prepare")
     from .data.prepare import prepare as run_prepare
     from .guard import check_layout
 
-    check_layout(cfg, ("data.dir",))  # as the CLI does, and the data folder takes a write
+    check_layout(cfg, ("data.dir", "data.url") if publish else ("data.dir",))  # the folders it writes take a write
 
     _console()
     if publish:
@@ -99,14 +188,16 @@ def prepare(cfg: Config, *, force: bool = False, progress: bool = True, publish:
     return m
 
 
+@checked
 def publish_data(cfg: Config) -> str:
     """Push the prepared ``data.dir`` to ``data.url``, every file verified, the manifest last; returns the summary line.
 
     A rerun after a kill uploads only what the store does not already hold verified.
     """
-    _config(cfg, "publish_data")
     from .data.publish import publish
+    from .guard import check_layout
 
+    check_layout(cfg, ("data.url",))
     _console()
     line = publish(cfg).line()
     print(line)
@@ -124,6 +215,7 @@ def _check_hub_writes(cfg: Config) -> None:
             HubStore.from_url(url, RetryPolicy.from_config(cfg.store), key=key).check_write_access()
 
 
+@checked
 def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = None,
           session_hours: float | str | None = None, deadline: str | None = None, nproc: int = 1,
           allow_change: Iterable[str] = (), progress: bool = True, launch: LaunchSpec | None = None,
@@ -140,13 +232,11 @@ def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = N
     from .runtime.launch import LaunchSpec
     from .session.clock import session_clock
 
-    _config(cfg, "train")
     rank = _console()
-    cfg.validate()  # a config changed in place since it was loaded is checked again
     from .guard import check_layout
 
-    check_layout(cfg, ("store.url", "run.local_dir"))  # as the CLI does, and folders it writes take a write
-    if stop_after_steps is not None and (type(stop_after_steps) is not int or stop_after_steps <= 0):
+    check_layout(cfg, ("store.url", "run.local_dir", "publish.url"))  # the folders it writes take a write
+    if stop_after_steps is not None and stop_after_steps <= 0:
         raise BatonError(f"--stop-after-steps must be a positive step number, got {stop_after_steps!r}")
     spec = launch or LaunchSpec(nproc=nproc)
     if type(spec.nproc) is not int or spec.nproc < 1:
@@ -154,7 +244,9 @@ def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = N
     from .tracking import check_installed
 
     check_installed(cfg.log.backends)  # one line before any launch, not one per rank after it
-    if resume not in ("auto", "never") and not Path(resume).is_dir():
+    from .guard import path_value
+
+    if resume not in ("auto", "never") and not path_value(resume, "--resume", "use auto, never or a folder").is_dir():
         # Said before the session starts: a session that starts writes its ledger record into the store.
         raise BatonError(f"--resume {resume}: no such checkpoint folder (use auto, never or a folder)")
     if cfg.publish.url and (cfg.eval.files or cfg.eval.tasks):
@@ -227,9 +319,9 @@ def _launched(cfg: Config, spec: LaunchSpec, args: list[str], stream_output: boo
     return {"complete": s["complete"], "steps_done": s["pointer_step"], "total_steps": s["total_steps"]}
 
 
+@checked
 def status(cfg: Config) -> dict[str, Any]:
     """What the store holds for the run: pointer, verified checkpoints, tokens, measured rate, ETA, ledger."""
-    _config(cfg, "status")
     from .views.status import status as run_status
 
     _console()
@@ -260,6 +352,7 @@ def _options(name: str, add_options: Any, options: dict[str, Any]) -> Any:
     return args
 
 
+@checked
 def plan(cfg: Config | None = None, **options: Any) -> dict[str, Any]:
     """Sessions, calendar and GPU-hours for the run, as ``baton plan --json`` (without tripwires).
 
@@ -269,14 +362,13 @@ def plan(cfg: Config | None = None, **options: Any) -> dict[str, Any]:
     from .planning.plan import plan as make_plan
     from .views.plan import format_plan, plan_input, plan_options
 
-    if cfg is not None:
-        _config(cfg, "plan")
     _console()
     inp, sources, _ = plan_input(_options("plan", plan_options, options), cfg)
     p = make_plan(inp)
     return p.to_dict() | {"sources": sources, "text": format_plan(p, sources)}
 
 
+@checked
 def simulate(cfg: Config | None = None, **options: Any) -> dict[str, Any]:
     """The relay on a simulated clock, as ``baton simulate --json``: P10/P50/P90 of the finish date, billed
     GPU-hours, sessions and steps lost, and the chances of the deadline and the cap.
@@ -292,8 +384,6 @@ def simulate(cfg: Config | None = None, **options: Any) -> dict[str, Any]:
     from .planning.simulate import simulate as run_simulation
     from .views.simulate import format_sim, sim_input, sim_options
 
-    if cfg is not None:
-        _config(cfg, "simulate")
     _console()
     args = _options("simulate", sim_options, options)
     si, sources = sim_input(args, cfg)
@@ -302,6 +392,7 @@ def simulate(cfg: Config | None = None, **options: Any) -> dict[str, Any]:
     return r.to_dict() | {"sources": sources, "curve": curve, "text": format_sim(r, sources, curve)}
 
 
+@checked
 def export(cfg: Config, out: str | Path, source: str = "store", step: int | None = None, *,
            force: bool = False) -> Path:
     """Write the run's latest verified checkpoint (the verified one at ``step``, or the local checkpoint
@@ -310,7 +401,6 @@ def export(cfg: Config, out: str | Path, source: str = "store", step: int | None
     ``out`` must be new or empty (``force`` writes into it anyway) and never inside the store, the run
     folder or the data folder.
     """
-    _config(cfg, "export")
     from .guard import output_dir
     from .model.export import export_run
 
@@ -320,7 +410,8 @@ def export(cfg: Config, out: str | Path, source: str = "store", step: int | None
     return path
 
 
-def eval(cfg: Config, step: int | None = None, *, files: Iterable[str] | None = None,  # noqa: A001 - `baton eval`
+@checked
+def eval(cfg: Config, step: int | None = None, *, files: Iterable[str | Path] | None = None,  # noqa: A001 - `baton eval`
          tasks: Iterable[str] | None = None) -> dict[str, Any]:
     """`baton eval`: score the verified checkpoint at ``step`` (None: the pointer's) on the run's held-out
     windows, ``files`` and lm-eval ``tasks`` (None: the config's eval.files / eval.tasks); the record is written
@@ -328,11 +419,12 @@ def eval(cfg: Config, step: int | None = None, *, files: Iterable[str] | None = 
     from .evaluate.run import run_eval
 
     _console()
-    record, _ = run_eval(cfg, step, None if files is None else [str(f) for f in files],
+    record, _ = run_eval(cfg, step, None if files is None else [os.fspath(f) for f in files],
                          None if tasks is None else list(tasks))
     return record.to_json()
 
 
+@checked
 def publish(cfg: Config, step: int | None = None, *, revision: str | None = None) -> dict[str, Any]:
     """`baton publish`: the verified checkpoint at ``step`` (None: the pointer's) with its model card at
     ``publish.url``, at ``revision`` (a branch of a Hub repository, a folder elsewhere) when given; returns

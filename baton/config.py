@@ -449,7 +449,10 @@ class Config:
 
     def validate(self) -> None:
         # A NaN or infinity makes the range checks meaningless (NaN fails none of them): named alone.
-        problems = _nonfinite_problems(self) or [*_field_problems(self), *(
+        # A path or URL no file system or urllib takes is named alone too: later checks would trip on it.
+        from .guard import config_problems
+
+        problems = _nonfinite_problems(self) or config_problems(self) or [*_field_problems(self), *(
             p for f in dataclasses.fields(self) for p in getattr(self, f.name).problems(self))]
         if problems:
             raise ConfigError(_format(problems))
@@ -463,10 +466,10 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     """Read TOML (or start from defaults when ``path`` is None), apply ``a.b=c`` overrides, validate."""
     raw: dict[str, Any] = {}
     if path is not None:
-        from .guard import input_file
+        from .guard import input_path
         from .reads import reading
 
-        p = input_file(path, "config file", "pass --config with an existing TOML file")
+        p = input_path(path, "config file", "pass --config with an existing TOML file")
         try:
             with reading(p, "config file", "save it as UTF-8 TOML text, or pass --config with a TOML file"):
                 text = p.read_text(encoding="utf-8")
@@ -697,24 +700,13 @@ RUN_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{RUN_NAME_MAX - 1}}}")
 
 
 def _url_problems(key: str, url: str, env: str) -> list[str]:
-    """A file:// URL names an absolute path, and no URL carries credentials: those are named, never echoed (the
-    config is printed, logged and saved in every checkpoint)."""
-    from .guard import file_url_problem
+    """No URL carries credentials: named, never echoed (the config is printed, logged and saved in every
+    checkpoint), with the variables that hold them instead. (That the URL splits at all is guard's.)"""
+    from .guard import has_credentials
 
-    out = [p] if url and (p := file_url_problem(url, key)) else []
-    if _url_has_credentials(url):
-        out.append(f"{key} must not carry credentials (user:password@); set {env} in the environment instead")
-    return out
-
-
-def _url_has_credentials(url: str) -> bool:
-    from urllib.parse import parse_qs, urlsplit
-
-    if "://" not in url:
-        return False
-    parts = urlsplit(url)
-    urls = [parts.netloc] + [urlsplit(v).netloc for vs in parse_qs(parts.query).values() for v in vs if "://" in v]
-    return any("@" in netloc for netloc in urls)
+    if url and has_credentials(url, key):
+        return [f"{key} must not carry credentials (user:password@); set {env} in the environment instead"]
+    return []
 
 
 def _divisors_near(n: int, k: int) -> str:

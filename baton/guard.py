@@ -1,11 +1,15 @@
-"""The boundary of every command: each path a person gives and each number flag, checked before any work.
+"""The boundary of every command: each path, URL and number a person gives, checked before any work.
 
-Paths: an input must exist and be of the kind the command reads (a file or a folder). An output must be a
-folder (or a place where one can be made) on a writable disk, and never inside a place that belongs to
-something else: the store's folder (only the checkpoint cycle writes there: an export once overwrote a
-verified checkpoint's weights), the run's folder or the data folder, unless writing there is the command's
-job. An output that already holds files is refused unless the command was given ``--force``. The store,
-the run folder and the data folder themselves must not nest in one another, and each must be a folder.
+A path is checked once, whatever brought it (a config key, a flag, an API argument): a string without NUL
+or control characters whose parts fit the file system's name and path limits; then of the kind the command
+reads (an existing file or folder), or, for an output, a folder (or a place where one can be made, never a
+dangling symlink) on a disk that takes a write. A URL is split once, and a URL urllib cannot split is one
+line. Messages print values escaped, never a raw control character, never credentials.
+
+Places: an output never lands inside a place that belongs to something else (the store's folder, where only
+the checkpoint cycle writes: an export once overwrote a verified checkpoint's weights; the run's folder; the
+data folder: a publish there overwrote the prepared tokenizer.json), unless writing there is its job. The
+store, the run folder and the data folder themselves must not nest in one another, and each must be a folder.
 
 Numbers: argparse types that refuse NaN, infinities and counts that make no sense, so a flag fails in the
 same one line as the config does.
@@ -18,9 +22,10 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+from urllib.parse import SplitResult, urlsplit
 
-from .errors import BatonError
+from .errors import BatonError, ConfigError
 
 if TYPE_CHECKING:
     from .config import Config
@@ -30,52 +35,199 @@ class PathError(BatonError):
     """A path of the wrong kind, in the wrong place, or on a disk that cannot take a write."""
 
 
+def shown(value: object, limit: int = 200) -> str:
+    """A value as an error line prints it: control characters (and undecodable bytes) escaped, long ones cut."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(value))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# ------------------------------------------------------------------------------------ paths
+
+
+def _limit(p: Path, name: str, default: int) -> int:
+    q = Path(os.path.abspath(p))
+    while not os.path.exists(q) and q != q.parent:  # os.path says False where Path.exists() raises (too long)
+        q = q.parent
+    try:
+        return os.pathconf(q, name)
+    except (OSError, ValueError):
+        return default
+
+
+def path_problem(value: object) -> str | None:
+    """What makes ``value`` no path this file system can hold, else None: said before any call that would
+    raise for it (a NUL is a ValueError, a long name an OSError, in whichever call meets it first)."""
+    if not isinstance(value, (str, os.PathLike)):
+        return f"must be a path (text), got {type(value).__name__}"
+    text = os.fspath(value)
+    if not isinstance(text, str) or not text:
+        return "is empty" if isinstance(text, str) else "must be a path as text, not bytes"
+    if "\0" in text:
+        return "holds a NUL byte"
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        return "holds a control character"
+    try:  # bytes that are no UTF-8 arrive as surrogates; Rust-backed libraries (tokenizers) refuse such paths
+        raw = text.encode("utf-8")
+    except UnicodeError:
+        return "holds bytes that are not UTF-8 text"
+    p = _expanded(text)
+    longest = max((len(part.encode()) for part in p.parts), default=0)
+    if longest > (most := _limit(p, "PC_NAME_MAX", 255)):
+        return f"has a name of {longest} bytes; the file system takes at most {most}"
+    if len(raw) >= (most := _limit(p, "PC_PATH_MAX", 4096)):
+        return f"is {len(raw)} bytes long; the file system takes paths under {most}"
+    return None
+
+
+def _expanded(text: str) -> Path:
+    # os.path leaves "~nobody" as it is where Path.expanduser() raises RuntimeError.
+    return Path(os.path.expanduser(text))
+
+
+def path_value(value: object, what: str, fix: str) -> Path:
+    """``value`` as a Path (``~`` expanded), or the PathError that says why it cannot be one."""
+    if problem := path_problem(value):
+        raise PathError(f"{what} {shown(value)} {problem} ({fix})")
+    return _expanded(os.fspath(value))  # type: ignore[call-overload]
+
+
+def input_path(value: object, what: str, fix: str, folder: bool = False) -> Path:
+    """An existing file (or ``folder``) this process may read."""
+    p = path_value(value, what, fix)
+    kind = "folder" if folder else "file"
+    if not p.exists():
+        raise PathError(f"{what} {shown(p)} {'does not exist' if folder else 'not found'} ({fix})")
+    if p.is_dir() != folder:
+        raise PathError(f"{what} {shown(p)} is a {'file' if folder else 'folder'}, not a {kind} ({fix})")
+    if not folder and not p.is_file():
+        raise PathError(f"{what} {shown(p)} is not a regular file ({fix})")
+    if not os.access(p, os.R_OK):
+        raise PathError(f"{what} {shown(p)} cannot be read (no permission; {fix})")
+    return p
+
+
+def output_place(value: object, what: str, fix: str, write: bool = True, key: str = "") -> Path:
+    """A folder that is there or can be made: not a file, not a dangling symlink, under folders only; with
+    ``write``, on a disk that takes a write (probed: a folder made and removed). ``key``: the config key
+    named after the path."""
+    p = path_value(value, what, fix)
+    what = f"{what} {shown(p)}" + (f" ({key})" if key else "")
+    if p.is_symlink() and not p.exists():  # mkdir would say "File exists" of a path that does not
+        raise PathError(f"{what} is a symlink to {shown(os.readlink(p))}, which does not exist ({fix})")
+    if p.exists() and not p.is_dir():
+        raise PathError(f"{what} is a file, not a folder ({fix})")
+    q = Path(os.path.abspath(p))
+    while not q.exists():
+        if q.is_symlink():
+            raise PathError(f"{what} cannot be made: {shown(q)} is a dangling symlink ({fix})")
+        q = q.parent
+    if not q.is_dir():
+        raise PathError(f"{what} cannot be made: {shown(q)} is a file, not a folder ({fix})")
+    if write:
+        if not os.access(q, os.W_OK | os.X_OK):
+            raise PathError(f"{what} cannot be written: no permission to write in {shown(q)} ({fix})")
+        # Permission bits do not tell all (a read-only mount, /proc, a full quota, root's access() that says yes
+        # to everything): a folder made and removed at once does.
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".baton-probe-", dir=q))
+        except OSError as e:
+            raise PathError(f"{what} cannot be written: making a folder in {shown(q)} failed "
+                            f"({e.strerror}) ({fix})") from None
+    return p
+
+
 def resolved(path: str | Path) -> Path:
     """Absolute, with symlinks followed: two spellings of one folder compare equal."""
-    return Path(os.path.realpath(Path(path).expanduser()))
+    return Path(os.path.realpath(_expanded(os.fspath(path))))
 
 
 def _inside(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
 
-def input_file(path: str | Path, what: str, fix: str) -> Path:
-    p = Path(path).expanduser()
-    if p.is_dir():
-        raise PathError(f"{what} {p} is a folder, not a file ({fix})")
-    if not p.is_file():
-        raise PathError(f"{what} {p} not found ({fix})" if not p.exists() else f"{what} {p} is not a regular file ({fix})")
-    if not os.access(p, os.R_OK):
-        raise PathError(f"{what} {p} cannot be read (no permission; {fix})")
-    return p
+# ------------------------------------------------------------------------------------ URLs
 
 
-def input_dir(path: str | Path, what: str, fix: str) -> Path:
-    p = Path(path).expanduser()
-    if p.exists() and not p.is_dir():
-        raise PathError(f"{what} {p} is a file, not a folder ({fix})")
-    if not p.is_dir():
-        raise PathError(f"{what} {p} does not exist ({fix})")
-    return p
+def split_url(url: str, key: str, fix: str = "check its brackets and its port") -> SplitResult:
+    """``url`` split once; whatever urllib cannot split (an unclosed IPv6 bracket, a port that is no number)
+    is a ConfigError naming ``key``, with the URL shown without what may be credentials."""
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # parsed on access
+    except ValueError as e:
+        shown_url = url if "@" not in url else url.split("://", 1)[0] + "://…"
+        raise ConfigError(f"{key} {shown(shown_url)} is not a valid URL ({shown(e)}; {fix})") from None
+    return parts
 
 
-def file_url_problem(url: str, key: str) -> str | None:
-    """What is wrong with a file:// URL that names no absolute path, else None. After ``file://`` comes a host:
-    file://rel/x is host "rel", path "/x", and taking it as the relative folder rel/x would be a guess."""
-    if not url.startswith("file://") or url.startswith("file:///"):
-        return None
-    shown = url if "@" not in url else "file://…"  # never echo what may be credentials
-    return (f"{key} {shown} is a file:// URL without an absolute path (what follows file:// is read as a host): "
-            "write file:///absolute/path or a plain path")
+# Endpoints libraries read from the environment: huggingface_hub splits HF_ENDPOINT when it is imported.
+ENDPOINT_VARIABLES = {"HF_ENDPOINT": "the Hub endpoint (HF_ENDPOINT)", "AWS_ENDPOINT_URL": "the S3 endpoint",
+                      "AWS_ENDPOINT_URL_S3": "the S3 endpoint"}
+
+
+def check_environment() -> None:
+    """The endpoint variables split as URLs, before any library that reads them is imported."""
+    for name, what in ENDPOINT_VARIABLES.items():
+        if os.environ.get(name):
+            split_url(os.environ[name], what, f"fix or unset {name}")
+
+
+def has_credentials(url: str, key: str) -> bool:
+    """Whether ``url`` (or a URL in its query, an endpoint) carries user:password@."""
+    if "://" not in url:
+        return False
+    from urllib.parse import parse_qs
+
+    parts = split_url(url, key)
+    inner = [split_url(v, f"{key}'s endpoint").netloc for vs in parse_qs(parts.query).values() for v in vs if "://" in v]
+    return any("@" in netloc for netloc in [parts.netloc, *inner])
 
 
 def local_store_root(url: str, key: str = "store.url") -> Path | None:
-    """The folder of a local store; None for a remote one."""
+    """The folder of a local store (a path or file:///path); None for a remote one (a URL urllib splits)."""
+    if "://" in url:
+        split_url(url, key)
     if url.startswith(("s3://", "hf://")) or ("://" in url and not url.startswith("file://")):
         return None
-    if problem := file_url_problem(url, key):
-        raise PathError(problem)
-    return Path(url.removeprefix("file://"))
+    if url.startswith("file://") and not url.startswith("file:///"):
+        # After file:// comes a host: file://rel/x is host "rel", path "/x"; taking it as rel/x would be a guess.
+        shown_url = url if "@" not in url else "file://…"  # never echo what may be credentials
+        raise ConfigError(f"{key} {shown(shown_url)} is a file:// URL without an absolute path (what follows "
+                          "file:// is read as a host): write file:///absolute/path or a plain path")
+    return path_value(url.removeprefix("file://"), key, f"set {key} to a folder")
+
+
+# The config's keys that name local paths (a list's items each), and those that name a path or a URL.
+PATH_KEYS = ("data.dir", "run.local_dir", "data.tokenizer", "eval.task_dir", "eval.files", "data.decontaminate")
+URL_KEYS = ("store.url", "data.url", "publish.url")
+
+
+def config_problems(cfg: Any) -> list[str]:
+    """Every path and URL of a config as text a file system and urllib take (nothing is read or made here)."""
+    out = []
+    values: list[tuple[str, Any]] = []
+    for key in PATH_KEYS:
+        section, name = key.split(".")
+        v = getattr(getattr(cfg, section), name)
+        values += [(f"{key}[{i}]", x) for i, x in enumerate(v)] if isinstance(v, list) else [(key, v)]
+    values += [(f"data.sources[{i}].path", s.path) for i, s in enumerate(cfg.data.sources)]
+    for key, v in values:
+        if v != "" and (problem := path_problem(v)):
+            out.append(f"{key} {shown(v)} {problem} (give {key} a path the file system takes)")
+    for key in (*URL_KEYS, "log.mlflow_uri"):
+        section, name = key.split(".")
+        url = getattr(getattr(cfg, section), name)
+        try:
+            if url and key in URL_KEYS:
+                local_store_root(url, key)  # credentials in a URL are the config's rule (config._url_problems)
+            elif "://" in url:
+                split_url(url, key)
+        except BatonError as e:
+            out.append(str(e))
+    return out
+
+
+# ------------------------------------------------------------------------------------ places
 
 
 def places(cfg: Config) -> list[tuple[str, str, Path]]:
@@ -89,82 +241,57 @@ def places(cfg: Config) -> list[tuple[str, str, Path]]:
     return out
 
 
+def outside_places(p: Path, what: str, cfg: Config, own: tuple[str, ...] = ()) -> None:
+    """The place rule of every output: never inside the store's, the run's or the data's folder (nor holding
+    the store's), except the places named in ``own``, where writing is the output's job."""
+    here = resolved(p)
+    for name, key, folder in places(cfg):
+        there = resolved(folder)
+        if name in own or not (_inside(here, there) or (key == "store.url" and _inside(there, here))):
+            continue
+        who = "the checkpoint cycle writes there" if key == "store.url" else "baton itself writes there"
+        raise PathError(f"{what} {shown(p)} {'is inside' if _inside(here, there) else 'holds'} {name} "
+                        f"{shown(folder)} ({key}); only {who}: choose a folder outside it")
+
+
 def check_layout(cfg: Config, writes: tuple[str, ...] = ()) -> None:
     """The store's, the run's and the data's folders: each a folder (or not yet made), none inside another;
-    those whose config keys are in ``writes`` (the command writes there) on a disk that takes a write."""
+    those whose config keys are in ``writes`` (the command writes there) on a disk that takes a write
+    (found now, not after a session's training when its first checkpoint is saved). Then the local places
+    baton publishes to: outside those folders (data.url may be the data folder itself, used where it lies),
+    folders or places for one, probed for a write when in ``writes`` too."""
     named = places(cfg)
     for name, key, folder in named:
-        p = Path(folder).expanduser()
-        if p.exists() and not p.is_dir():
-            raise PathError(f"{name} {p} ({key}) is a file, not a folder (set {key} to a folder)")
-        above = _nearest_existing(p)
-        if not above.is_dir():
-            raise PathError(f"{name} {p} ({key}) cannot be made: {above} is a file, not a folder (set {key} to a "
-                            "folder)")
-        if key in writes:  # found now, not after a session's training when its first checkpoint is saved
-            _writable_place(p, f"{name} {p} ({key})", f"set {key} to a folder on a writable disk")
+        fix = f"set {key} to a folder" + (" on a writable disk" if key in writes else "")
+        output_place(folder, name, fix, key in writes, key)
     for i, (a, ka, fa) in enumerate(named):
         for b, kb, fb in named[i + 1 :]:
             ra, rb = resolved(fa), resolved(fb)
             if _inside(ra, rb) or _inside(rb, ra):
-                inner, outer = (a, ka, ra), (b, kb, rb)
-                if _inside(rb, ra):
-                    inner, outer = outer, inner
-                raise PathError(f"{inner[0]} {inner[2]} lies inside {outer[0]} {outer[2]}: nothing but checkpoints "
-                                f"may live in the store, and the run's and the data's files must not mix (set "
-                                f"{inner[1]} or {outer[1]} to a separate folder)")
-    root = local_store_root(cfg.store.url)
-    # Where baton publishes (the dataset, the model) is written by publishing: never the checkpoint store's folder.
+                (inner, ki, ri), (outer, ko, ro) = ((b, kb, rb), (a, ka, ra)) if _inside(rb, ra) else \
+                    ((a, ka, ra), (b, kb, rb))
+                raise PathError(f"{inner} {shown(ri)} lies inside {outer} {shown(ro)}: nothing but checkpoints may "
+                                f"live in the store, and the run's and the data's files must not mix (set {ki} or "
+                                f"{ko} to a separate folder)")
     for key, url in (("data.url", cfg.data.url), ("publish.url", cfg.publish.url)):
         target = local_store_root(url, key) if url else None
-        if root is None or target is None:
-            continue
-        if _inside(resolved(target), resolved(root)) or _inside(resolved(root), resolved(target)):
-            raise PathError(f"{key} {target} overlaps the store's folder {root} (store.url): nothing but checkpoints "
-                            f"may live in the store (set {key} to a separate folder)")
+        if target is not None and not (key == "data.url" and resolved(target) == resolved(cfg.data.dir)):
+            outside_places(target, key, cfg)
+            output_place(target, key, f"set {key} to a folder you may write", key in writes)
 
 
-def output_dir(path: str | Path, flag: str, cfg: Config | None = None, force: bool = False,
+def output_dir(path: object, flag: str, cfg: Config | None = None, force: bool = False,
                own: tuple[str, ...] = ()) -> Path:
-    """An output folder given by ``flag``: not inside the store, the run or the data folder (except those
-    named in ``own``), a folder if it exists, empty unless ``force``, on a writable disk."""
-    p = Path(path).expanduser()
+    """An output folder given by ``flag``: outside the config's places (but those named in ``own``), a
+    folder if it exists, empty unless ``force``, on a writable disk."""
+    p = path_value(path, flag, "choose another place")
     if cfg is not None:
-        here = resolved(p)
-        for name, key, folder in places(cfg):
-            if name not in own and _inside(here, resolved(folder)):
-                raise PathError(f"{flag} {p} is inside {name} {folder} ({key}); only "
-                                f"{'the checkpoint cycle writes there' if key == 'store.url' else 'baton itself writes there'}"
-                                f": choose a folder outside it")
-    if p.exists():
-        if not p.is_dir():
-            raise PathError(f"{flag} {p} is a file, not a folder (choose a new folder)")
-        if not force and any(p.iterdir()):
-            raise PathError(f"{flag} {p} already holds files (pass --force to write over them, or choose a new folder)")
-    _writable_place(p, f"{flag} {p}", "choose another place")
+        outside_places(p, flag, cfg, own)
+    output_place(p, flag, "choose a new folder" if p.exists() else "choose another place")
+    if not force and p.is_dir() and any(p.iterdir()):
+        raise PathError(f"{flag} {shown(p)} already holds files (pass --force to write over them, or choose a new "
+                        "folder)")
     return p
-
-
-def _nearest_existing(p: Path) -> Path:
-    q = Path(os.path.abspath(p))
-    while not q.exists():
-        q = q.parent
-    return q
-
-
-def _writable_place(p: Path, what: str, fix: str) -> None:
-    """The nearest existing folder at or above ``p`` must be a folder this process may write into."""
-    q = _nearest_existing(p)
-    if not q.is_dir():
-        raise PathError(f"{what} cannot be made: {q} is a file, not a folder ({fix})")
-    if not os.access(q, os.W_OK | os.X_OK):
-        raise PathError(f"{what} cannot be written: no permission to write in {q} ({fix})")
-    # Permission bits do not tell all (a read-only mount, /proc, a full quota, root's access() that says yes to
-    # everything): a folder made and removed at once does.
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".baton-probe-", dir=q))
-    except OSError as e:
-        raise PathError(f"{what} cannot be written: making a folder in {q} failed ({e.strerror}) ({fix})") from None
 
 
 # ------------------------------------------------------------------------------------ number flags

@@ -69,12 +69,14 @@ def test_the_api_says_a_wrong_kind_of_argument_in_one_line(make_config):
     cfg_path = make_config()
     cfg = baton.load_config(cfg_path)
     for call, message in [
-        (lambda: baton.train(str(cfg_path)), "baton.train takes the Config that baton.load_config(path) returns, "
-                                             "not a str"),
-        (lambda: baton.prepare(cfg_path), "baton.prepare takes the Config"),
-        (lambda: baton.status(None), "baton.status takes the Config"),
-        (lambda: baton.train(cfg, stop_after_steps=2.5), "--stop-after-steps must be a positive step number, got 2.5"),
-        (lambda: baton.train(cfg, nproc="2"), "--nproc must be a whole number >= 1, got '2'"),
+        (lambda: baton.train(str(cfg_path)), "baton.train: cfg must be the Config that baton.load_config(path) "
+                                             "returns, got str"),
+        (lambda: baton.prepare(cfg_path), "baton.prepare: cfg must be the Config"),
+        (lambda: baton.status(None), "baton.status: cfg must be the Config"),
+        (lambda: baton.train(cfg, stop_after_steps=2.5), "baton.train: stop_after_steps must be int or None, got float "
+                                                         "2.5"),
+        (lambda: baton.train(cfg, stop_after_steps=0), "--stop-after-steps must be a positive step number, got 0"),
+        (lambda: baton.train(cfg, nproc="2"), "baton.train: nproc must be int, got str '2'"),
     ]:
         with pytest.raises(baton.BatonError) as e:
             call()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import BatonError
-from ..guard import count, finite_float
+from ..guard import check_environment, count, finite_float
 
 log = logging.getLogger("baton")
 
@@ -182,6 +182,10 @@ TORCHRUN_VARIABLES = {"RANK": "a rank number", "LOCAL_RANK": "a rank number", "G
 def main(argv: list[str] | None = None) -> int:
     from ..runtime import logs
 
+    for stream in (sys.stdout, sys.stderr):  # a path's undecodable bytes (surrogates) print escaped, never raise
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
     for name, what in TORCHRUN_VARIABLES.items():
         # Checked before logging is set up (it needs the rank), in the one line every user error gets; read
         # as numbers later by code paths far from the command line.
@@ -194,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.setup(rank)
     status = 1
     try:
+        check_environment()
         args = build_parser().parse_args(argv)
         status = COMMANDS[args.command](args)
     except BatonError as e:
@@ -295,10 +300,11 @@ def cmd_publish(args) -> int:
 
 
 def cmd_sample(args) -> int:
-    from ..guard import input_dir
+    from ..guard import input_path
     from ..model.export import generate
 
-    folder = input_dir(args.source, "--from", "give a folder written by `baton export`, or run `baton export` first")
+    folder = input_path(args.source, "--from", "give a folder written by `baton export`, or run `baton export` first",
+                        folder=True)
     print(generate(folder, args.prompt, args.max_new_tokens, args.temperature, args.seed))
     return 0
 
@@ -307,12 +313,12 @@ def cmd_verify_data(args) -> int:
     from ..data.verify import verify_data
 
     if args.dir:
-        from ..guard import input_dir, local_store_root
+        from ..guard import input_path, local_store_root
 
         folder = args.dir
         root = local_store_root(folder, "--dir")
         if root is not None:
-            input_dir(root, "--dir", "give the data folder `baton prepare` wrote")
+            input_path(root, "--dir", "give the data folder `baton prepare` wrote", folder=True)
     elif args.config:
         cfg = _load(args)
         folder = cfg.data.url or cfg.data.dir
@@ -413,13 +419,17 @@ def cmd_preflight(args) -> int:
 
     if args.leg_steps is not None and args.leg_steps < 1:
         raise BatonError(f"--leg-steps must be >= 1, got {args.leg_steps}")
-    from ..guard import output_dir
+    from ..guard import local_store_root, output_dir
 
+    if args.store:
+        local_store_root(args.store, "--store")
     out = output_dir(args.out, "--out", _load(args), args.force)
     doc = run_preflight(args.config, out, parse_stages(args.stages), args.scale, args.overrides,
                         args.store, args.leg_steps, args.session_hours, args.keep_work, args.resume_overrides)
     for row in doc["scorecard"]:
         print(f"{row['n']:>2}. {row['result']:<10} {row['requirement']}")
+        if row["result"] == "fail":  # what failed, where a person looks first
+            print(f"    {row['evidence']}")
     stop = doc["stages"]["stop_probe"]["numbers"].get("verdict")
     if stop:
         print(stop)

@@ -26,11 +26,11 @@ class Plan:
     """What to evaluate, checked before any checkpoint is pulled."""
 
     def __init__(self, cfg: Config, files: list[str] | None = None, tasks: list[str] | None = None):
-        self.files = [Path(f) for f in (cfg.eval.files if files is None else files)]
+        from ..guard import input_path
+
+        self.files = [input_path(f, "eval file", "fix eval.files or --files") for f in
+                      (cfg.eval.files if files is None else files)]
         self.tasks = list(cfg.eval.tasks if tasks is None else tasks)
-        for f in self.files:
-            if not f.is_file():
-                raise BatonError(f"eval file {f} not found (fix eval.files or --files)")
         names = [f.name for f in self.files]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:  # the record and the card name each file's scores by its name

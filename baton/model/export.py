@@ -86,7 +86,9 @@ def checkpoint_model(cfg, source: str, tmp: Path, step: int | None = None) -> tu
     else:
         if step is not None:
             raise BatonError("--step picks a checkpoint in the store; it cannot be combined with --from FOLDER")
-        folder = Path(source)
+        from ..guard import path_value
+
+        folder = path_value(source, "--from", "use 'store' or a folder")
         if not folder.is_dir():
             raise BatonError(f"--from {source}: no such checkpoint folder (use 'store' or a folder)")
     state = read_state(folder)

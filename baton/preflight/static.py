@@ -97,7 +97,11 @@ def stage_data(ctx: Context) -> StageResult:
     report = verify_data(str(cfg.data.dir))
     r.numbers["verify"] = {"files_hashed": report.files_hashed, "total_tokens": report.total_tokens,
                            "mismatches": len(report.problems), "problems": report.problems}
-    r.check("every shard hashes to its manifest entry", report.ok, report.summary())
+    # A failure names its files first: the scorecard row, the check line and the console show them, as
+    # verify-data does, not only the measured numbers.
+    named = "; ".join(report.problems[:3]) + (f"; {len(report.problems) - 3} more" if len(report.problems) > 3 else "")
+    r.check("every shard hashes to its manifest entry", report.ok, f"{named} ({report.summary()})" if named
+            else report.summary())
 
     ds = WindowDataset(cfg.data.dir, cfg.data.seq_len, cfg.data.shuffle_seed, cfg.data.val_windows)
     real = ctx.cfg

@@ -24,8 +24,9 @@ from ..checkpoint.cycle import push_folder, store_key
 from ..config import Config
 from ..errors import BatonError, StoreError
 from ..evaluate.record import EvalRecord
+from ..guard import local_store_root, output_place, shown
 from ..planning import ledger as L
-from ..store import RetryPolicy, Store, open_store
+from ..store import RetryPolicy, Store, open_store, safe_key
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,12 @@ def open_target(cfg: Config, revision: str | None = None) -> Target:
     if not url:
         raise BatonError("publish.url is empty: set [publish] url = \"hf://owner/model-repo\" (or a path, s3://, "
                          "file://) in the config or pass --set publish.url=...")
+    if revision:
+        try:  # a folder under the target, or a branch: relative, without '..', both ways
+            safe_key(revision)
+        except StoreError:
+            raise BatonError(f"--revision {shown(revision)} must be a relative name without '.', '..' or empty parts "
+                             "(e.g. step-1000)") from None
     retry = RetryPolicy.from_config(cfg.store)
     if url.startswith("hf://"):
         from ..store.hub import HubStore
@@ -66,24 +73,18 @@ def open_target(cfg: Config, revision: str | None = None) -> Target:
                         f"creation of branch {branch}")
             store.revision = branch
         return target
+    root = local_store_root(url, "publish.url")
+    if root is not None:  # a local folder: reading proves nothing about writing, a probe write does
+        output_place(root / (revision or ""), "publish.url", "set publish.url to a folder you may write")
     target = Target(open_store(url, retry, key="publish.url"), revision or "", url)
-    _probe(target)
+    if root is None:
+        _probe(target)
     return target
 
 
 def _probe(target: Target) -> None:
-    """A read with the credentials that will write: a wrong token, a missing repository or bucket, an
-    unwritable folder show here, before the first upload."""
-    root = getattr(target.store, "root", None)
-    if root is not None:  # a local folder: reading proves nothing about writing
-        probe = Path(root)
-        while not probe.exists() and probe != probe.parent:
-            probe = probe.parent
-        import os
-
-        if not os.access(probe, os.W_OK):
-            raise BatonError(f"publish.url {target.describe()}: {probe} is not writable (pick a folder you may write)")
-        return
+    """A read with the credentials that will write: a wrong token, a missing repository or bucket show
+    here, before the first upload."""
     try:
         target.store.read_text(store_key(target.prefix, CARD))
     except StoreError as e:
@@ -146,10 +147,10 @@ def publish(cfg: Config, step: int | None = None, revision: str | None = None) -
     wanted = locate(ckpt_store, cfg.run.name, step).step  # a step not in the store fails here, before uploads
     plan = Plan(cfg)
     evaluation = read_record(ckpt_store, cfg.run.name, wanted, plan.spec())  # reused only if it scored what cfg names
+    eos = load_manifest(cfg.data.dir)["tokenizer"]["eos_token"]  # a missing data folder is said before the pull
     with tempfile.TemporaryDirectory(prefix="baton-publish-") as tmp:
         model, state = checkpoint_model(cfg, "store", Path(tmp), wanted)
-        folder = export_model(model, Path(cfg.data.dir) / TOKENIZER_FILE, Path(tmp) / "model",
-                              load_manifest(cfg.data.dir)["tokenizer"]["eos_token"])
+        folder = export_model(model, Path(cfg.data.dir) / TOKENIZER_FILE, Path(tmp) / "model", eos)
         if evaluation is None:
             evaluation = evaluate_model(cfg, plan, model, state.step, state.config, folder)
             write_record(ckpt_store, evaluation)

@@ -44,7 +44,7 @@ def setup(rank: int = 0, log_dir: Path | None = None, verbose: bool = False) -> 
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
         path = log_file(log_dir, rank)
-        fh = logging.FileHandler(path, encoding="utf-8")
+        fh = logging.FileHandler(path, encoding="utf-8", errors="backslashreplace")
         fh.setFormatter(logging.Formatter(_FMT.format(rank=rank)))
         fh._baton = True  # type: ignore[attr-defined]
         fh._baton_file = True  # type: ignore[attr-defined]
@@ -78,7 +78,7 @@ def _crash_file(rank: int) -> Path:
     for folder in (cache, Path(tempfile.gettempdir()) / "baton-logs"):
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            fh = logging.FileHandler(folder / name, encoding="utf-8")
+            fh = logging.FileHandler(folder / name, encoding="utf-8", errors="backslashreplace")
             break
         except OSError:
             continue

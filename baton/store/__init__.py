@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import ConfigError
-from ..guard import file_url_problem
+from ..guard import local_store_root
 from .base import ObjectInfo, RangeRead, Store, delete_keys, delete_prefix, put_files, safe_key
 from .retry import RetryPolicy
 
@@ -38,6 +38,4 @@ def open_store(url: str, retry: RetryPolicy | None = None, key: str = "store.url
         raise ConfigError(f"{key} {url.split('://')[0]}:// is not supported (use a path, file://, s3:// or hf://)")
     from .local import LocalStore
 
-    if problem := file_url_problem(url, key):
-        raise ConfigError(problem)
-    return LocalStore(url.removeprefix("file://"), retry)
+    return LocalStore(str(local_store_root(url, key)), retry)

@@ -19,7 +19,7 @@ import builtins
 import hashlib
 import os
 from pathlib import Path, PurePosixPath
-from urllib.parse import parse_qs, quote, urlsplit
+from urllib.parse import parse_qs, quote
 
 import httpx2
 import huggingface_hub as hf
@@ -28,6 +28,7 @@ from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, Revi
 from huggingface_hub.utils import build_hf_headers, disable_progress_bars, get_session, hf_raise_for_status
 
 from ..errors import ConfigError, StoreError
+from ..guard import split_url
 from .base import ObjectInfo, RangeRead, decode_text, safe_key, write_download
 from .retry import RetryPolicy, Transient, call
 
@@ -78,7 +79,7 @@ class HubStore:
     def from_url(cls, url: str, retry: RetryPolicy | None = None, endpoint: str | None = None,
                  token: str | None = None, key: str = "store.url") -> HubStore:
         """``key``: the config key the URL came from, named in the errors."""
-        parts = urlsplit(url)
+        parts = split_url(url, key)
         if parts.username or parts.password or "@" in parts.netloc:
             raise ConfigError(f"{key} must not carry a token; set HF_TOKEN or run `hf auth login`")
         repo_id = (parts.netloc + parts.path).strip("/")
@@ -101,7 +102,7 @@ class HubStore:
         endpoint = endpoint or os.environ.get("HF_ENDPOINT")
         if endpoint:
             # The endpoint is named in every log line and error about the store: it must hold no secret.
-            ep = urlsplit(endpoint)
+            ep = split_url(endpoint, "the Hub endpoint (HF_ENDPOINT)")
             if ep.username or ep.password or "@" in ep.netloc:
                 raise ConfigError("the Hub endpoint (HF_ENDPOINT) must not carry credentials; set HF_TOKEN or run "
                                   "`hf auth login` instead")

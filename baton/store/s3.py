@@ -20,7 +20,7 @@ import builtins
 import os
 import re
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
 import boto3
 import botocore.exceptions as bx
@@ -28,6 +28,7 @@ import botocore.session
 from botocore.config import Config
 
 from ..errors import ConfigError, StoreError
+from ..guard import split_url
 from .base import ObjectInfo, RangeRead, decode_text, safe_key, write_download
 from .retry import RetryPolicy, Transient, call
 
@@ -92,7 +93,7 @@ class S3Store:
 
     @classmethod
     def from_url(cls, url: str, retry: RetryPolicy | None = None) -> S3Store:
-        parts = urlsplit(url)
+        parts = split_url(url, "store.url")
         if parts.username or parts.password or "@" in parts.netloc:
             raise ConfigError("store.url must not carry credentials; set AWS_ACCESS_KEY_ID / "
                               "AWS_SECRET_ACCESS_KEY or a profile in ~/.aws instead")
@@ -109,11 +110,7 @@ class S3Store:
                               "checksum)")
         endpoint = query.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         if endpoint:
-            ep = urlsplit(endpoint)
-            try:
-                _ = ep.port  # parsed on access: a port that is not a number raises here
-            except ValueError:
-                raise ConfigError(f"S3 endpoint {endpoint!r} has an invalid port (use http(s)://host:port)") from None
+            ep = split_url(endpoint, "the S3 endpoint", "use http(s)://host:port")
             if ep.scheme not in ("http", "https") or not ep.hostname:
                 raise ConfigError(f"S3 endpoint {endpoint!r} is not an http(s) URL")
             if ep.username or ep.password:

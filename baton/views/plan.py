@@ -97,9 +97,9 @@ def plan_input(args, cfg: Config | None) -> tuple[PlanInput, dict[str, str], lis
         rate, src["rate"] = float(parse_count(args.rate, "--rate")), "given"
     elif args.rate_from:
         from ..bench import rate_from_json
-        from ..guard import input_file
+        from ..guard import input_path
 
-        rate, src["rate"] = rate_from_json(input_file(args.rate_from, "--rate-from", "give a bench.json written by "
+        rate, src["rate"] = rate_from_json(input_path(args.rate_from, "--rate-from", "give a bench.json written by "
                                                       "`baton bench`"))
     else:
         measured, src["rate"] = L.measured_rate(records)

@@ -40,10 +40,10 @@ def sim_options(p) -> None:
 
 def read_trace(path: str) -> list[float]:
     """Session lifetimes in hours (inf: never cut), one per line; blank lines and # comments skipped."""
-    from ..guard import input_file
+    from ..guard import input_path
     from ..reads import reading
 
-    p = input_file(path, "--trace", "give 'ledger' or a text file of session lifetimes, one per line")
+    p = input_path(path, "--trace", "give 'ledger' or a text file of session lifetimes, one per line")
     with reading(p, "--trace file", "give a text file of session lifetimes, one per line (9h, 5h30m, 2.5, never)"):
         text = p.read_text(encoding="utf-8")
     out = []

@@ -81,7 +81,16 @@ def test_a_tampered_shard_fails_exactly_the_data_row(preflight, prepared_data, t
     assert p.returncode == 1 and doc["verdict"] == "FAIL"
     failed = [r["requirement"] for r in doc["scorecard"] if r["result"] == "fail"]
     assert failed == ["Data bytes match the manifest"]
-    assert victim.name in report  # the error names the shard
+    # The shard is named in the scorecard row, in the data stage's check line and on the console, not only in
+    # the collapsed numbers.
+    row = next(r for r in doc["scorecard"] if r["requirement"] == "Data bytes match the manifest")
+    assert victim.name in row["evidence"]
+    check = next(c for c in doc["stages"]["data"]["checks"] if c["name"] == "every shard hashes to its manifest entry")
+    assert check["ok"] is False and victim.name in check["detail"]
+    scorecard = report.split("## Scorecard", 1)[1].split("## Stages", 1)[0]
+    assert victim.name in scorecard
+    assert victim.name in report.split("### 2. data", 1)[1].split("<details>", 1)[0]
+    assert victim.name in p.stdout
     # The construct stage measures the configured schedule and the report draws it.
     shape = doc["stages"]["construct"]["numbers"]["schedule"]
     assert (shape["schedule"], shape["step_decay_start"], shape["factor_decay_start"]) == ("wsd", 16, 1.0)

@@ -326,7 +326,7 @@ CASES: list[tuple[str, Callable[[B], list[str]], tuple[str, ...]]] = [
     ("manifest-total-text", lambda c: ["verify-data", *_cfg(c), *c.data(lambda d: _edit_manifest(d, total_tokens="9"))],
      ("manifest.json in", "is malformed: total_tokens is not a count")),
     ("store-s3-port-word", lambda c: [*TRAIN, *_cfg(c), "--set", "store.url=s3://b/p?endpoint=http://127.0.0.1:abc"],
-     ("S3 endpoint 'http://127.0.0.1:abc' has an invalid port",)),
+     ("store.url's endpoint http://127.0.0.1:abc is not a valid URL", "check its brackets and its port")),
     # /proc takes no new folder, even from root (for whom every permission bit says yes)
     ("unwritable-run", lambda c: [*TRAIN, *_cfg(c), "--set", "run.local_dir=/proc/baton-nope"],
      ("the run folder /proc/baton-nope/test (run.local_dir) cannot be written", "making a folder in /proc failed")),
