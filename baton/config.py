@@ -39,6 +39,9 @@ OPTIMIZERS = ("adamw", "muon")  # optim.name (baton.model.optimizer builds each)
 MUON_ADJUST_LR = ("original", "match_rms_adamw", "spectral_unclamped")  # torch.optim.Muon's adjust_lr_fn
 SOURCE_KINDS = ("stdlib", "text", "jsonl", "parquet", "hf_dataset")
 SPIKE_POLICIES = ("log", "rollback", "stop")
+REQUEUE_MODES = ("auto", "off")  # train.requeue (baton.runtime.slurm)
+# train.slurm_signal: each is a stop signal of the session, passed on by the launcher and by torchrun.
+WARNING_SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP")
 MAX_STORE_RETRIES = 100  # store.retries
 MAX_STORE_RETRY_SECONDS = 86400.0  # store.retry_seconds: a day, longer than any session
 MAX_STORE_REQUEST_TIMEOUT = 3600.0  # store.request_timeout: an hour of silence is a dead connection
@@ -144,6 +147,9 @@ class TrainConfig:
     spike_skip_windows: int = 0  # windows skipped on a rollback, ending with the spiking batch (0 = its global batch)
     max_rollbacks: int = 3  # rollbacks a run may make; one more spike ends the run
     eval_every: int = 0  # also evaluate the held-out windows every N steps (0 = only at the end of the run)
+    requeue: str = "auto"  # in a SLURM batch job: auto (a session stopped by time or a signal, the run not complete, requeues its job after the verified push) | off
+    max_requeues: int = 20  # auto requeue stops once the job was requeued this many times (SLURM_RESTART_COUNT)
+    slurm_signal: str = "USR1"  # SLURM's warning signal (sbatch --signal=B:USR1@600): checkpoint and stop, as on SIGTERM; USR1 | USR2 | TERM | INT | HUP
 
 
 @dataclass
@@ -525,6 +531,7 @@ def _semantic_problems(cfg: Config) -> list[str]:
         p.append(f"train.eval_every={t.eval_every} needs held-out windows: set data.val_windows > 0, or "
                  "train.eval_every = 0")
     p.extend(_log_problems(cfg.log))
+    p.extend(_slurm_problems(t))
     if t.parallel not in PARALLEL:
         p.append(f"train.parallel={t.parallel!r} is not one of {', '.join(PARALLEL)}")
     if s.verify not in ("sample", "full"):
@@ -589,6 +596,18 @@ def _muon_problems(o: OptimConfig, t: TrainConfig) -> list[str]:
         # FSDP shards each matrix over the ranks; Newton-Schulz on a shard orthogonalises another matrix.
         out.append("optim.name='muon' does not work with train.parallel='fsdp' (each rank would orthogonalise a "
                    "shard of every matrix, not the matrix); use train.parallel='ddp' with muon, or optim.name='adamw'")
+    return out
+
+
+def _slurm_problems(t: TrainConfig) -> list[str]:
+    out = []
+    if t.requeue not in REQUEUE_MODES:
+        out.append(f"train.requeue={t.requeue!r} is not one of {', '.join(REQUEUE_MODES)}")
+    if t.max_requeues is not None and t.max_requeues < 0:
+        out.append(f"train.max_requeues must be >= 0 (0 = never requeue), got {t.max_requeues}")
+    if not isinstance(t.slurm_signal, str) or t.slurm_signal.upper().removeprefix("SIG") not in WARNING_SIGNALS:
+        out.append(f"train.slurm_signal={t.slurm_signal!r} is not one of {', '.join(WARNING_SIGNALS)} (the signal "
+                   "named in sbatch --signal=B:USR1@600)")
     return out
 
 
