@@ -1,0 +1,23 @@
+"""One real SLURM cluster for every SLURM test (``slurm_cluster``), installed where it is absent.
+
+On a machine without SLURM the packages are installed with apt-get when the tests run as root (CI's fresh
+Debian machines); elsewhere these tests are skipped, saying why. Under pytest-xdist the tests share one worker
+(their ``xdist_group`` mark, with ``--dist loadgroup`` as `make test` runs them), so the cluster starts once.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from support.slurm_cluster import SlurmCluster, install
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    why = install()
+    if why:
+        pytest.skip(f"no SLURM cluster for these tests: {why}")
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    cluster.start()
+    yield cluster
+    cluster.stop()
