@@ -3,18 +3,25 @@
 Each step of a job pauses a fixed time (``BATON_FAULT_PAUSE=step=S``, before the step runs), so a run lasts
 longer than SLURM's shortest time limit (one minute) whatever the machine's speed: the sessions a job needs
 vary with the machine, what the tests check does not.
+
+Every job is submitted at once (``jobs``) and they run side by side, as on a cluster, so the module takes
+about as long as its longest job; a thread sends the outside signals when their jobs are mid-run. Each test
+then waits for its own job and checks what it left.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from baton.planning.ledger import read_ledger
 from baton.store.local import LocalStore
+from support.distrun import assert_close_trace, expected_batch_shas
 from support.helpers import assert_tensors_equal, read_metrics, store_checkpoint_tensors, write_config
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm")]
@@ -25,7 +32,7 @@ JOB_TIMEOUT_S = 900  # a ceiling that catches a hang; a job here takes one to th
 # step and the checkpoint guess (a second or two for the test model).
 BUDGET = """
 [budget]
-margin_minutes = 0.2
+margin_minutes = 0.1
 heartbeat_minutes = 0
 """
 
@@ -36,18 +43,33 @@ SCRIPT = """#!/bin/bash
 #SBATCH --open-mode=append
 #SBATCH --output={out}
 #SBATCH --chdir={root}
+{extra}
 exec {python} -m baton.cli train --config {cfg} --no-progress {args}
+"""
+# Two tasks of one srun step on the one machine: two "nodes", as `--nnodes 2` runs them, meeting at the first
+# host of the step's node list.
+SCRIPT_NODES = """#!/bin/bash
+#SBATCH --job-name={name}
+#SBATCH --time={time}
+#SBATCH --ntasks=2
+#SBATCH --open-mode=append
+#SBATCH --output={out}
+#SBATCH --chdir={root}
+{extra}
+srun --ntasks=2 --kill-on-bad-exit=1 {python} -m baton.cli train --config {cfg} --no-progress --nproc 1 \\
+    --nnodes slurm {args}
 """
 
 
-def make_job(base: Path, data: Path, time: str = "1", args: str = "") -> tuple[Path, Path, Path]:
-    """(script, config, store) of a job training the test config into its own store."""
+def make_job(base: Path, data: Path, time: str = "1", args: str = "", script: str = SCRIPT,
+             extra: str = "") -> Path:
+    """A job script training the test config into ``base/store`` (config ``base/cfg.toml``)."""
     cfg = write_config(base / "cfg.toml", data_dir=data, store=base / "store", runs=base / "runs")
     cfg.write_text(cfg.read_text() + BUDGET)
-    script = base / "job.sh"
-    script.write_text(SCRIPT.format(name=base.name, time=time, out=base / "job.out", root=ROOT, python=sys.executable,
-                                    cfg=cfg, args=args))
-    return script, cfg, base / "store"
+    path = base / "job.sh"
+    path.write_text(script.format(name=base.name, time=time, out=base / "job.out", root=ROOT, python=sys.executable,
+                                  cfg=cfg, args=args, extra=extra))
+    return path
 
 
 def job_env(pause: float) -> dict[str, str]:
@@ -61,34 +83,94 @@ def sessions(store: Path) -> list:
     return records
 
 
+def steps_done(base: Path) -> int:
+    metrics = base / "runs" / "test" / "metrics.jsonl"
+    return len(read_metrics(metrics.parent)) if metrics.exists() else 0
+
+
+class Jobs:
+    """The module's jobs: name -> (job id, folder); ``signalled`` records the outside signals sent."""
+
+    def __init__(self, cluster, root: Path, data: Path):
+        self.cluster, self.root, self.data = cluster, root, data
+        self.ids: dict[str, str] = {}
+        self.signalled: dict[str, str] = {}
+        self.errors: list[BaseException] = []
+
+    def submit(self, name: str, pause: float, **kw) -> None:
+        base = self.root / name
+        base.mkdir()
+        self.ids[name] = self.cluster.sbatch(make_job(base, self.data, **kw), job_env(pause))
+
+    def base(self, name: str) -> Path:
+        return self.root / name
+
+    def wait(self, name: str) -> tuple[str, dict[str, str], str]:
+        """(job id, the job's final fields, its output) once it ended."""
+        end = self.cluster.wait(self.ids[name], JOB_TIMEOUT_S)
+        assert not self.errors, self.errors
+        return self.ids[name], end, (self.base(name) / "job.out").read_text()
+
+    def signal_mid_run(self, name: str, *cmd: str) -> None:
+        """Send ``cmd`` (with the job id appended) once the job trained 3 steps: the signal comes mid-run."""
+        def watch():
+            try:
+                t0 = time.monotonic()
+                while steps_done(self.base(name)) < 3:
+                    if time.monotonic() - t0 > JOB_TIMEOUT_S:
+                        raise AssertionError(f"job {name} never reached step 3")
+                    time.sleep(0.2)
+                self.cluster.run(*cmd, self.ids[name])
+                self.signalled[name] = " ".join(cmd)
+            except BaseException as e:  # said by the test that waits for this job
+                self.errors.append(e)
+
+        threading.Thread(target=watch, name=f"signal-{name}", daemon=True).start()
+
+
+@pytest.fixture(scope="module")
+def jobs(slurm_cluster, tmp_path_factory, prepared_data) -> Jobs:
+    j = Jobs(slurm_cluster, tmp_path_factory.mktemp("slurm-jobs"), prepared_data)
+    # 20 steps of at least 3 s each cannot fit one minute: the job's end time stops each session in time to
+    # push, and the session requeues its own job, until the last one completes the run.
+    j.submit("short", pause=3.0, time="1")
+    # What sbatch --signal=B:USR1@... delivers before the time limit, sent by hand to the batch shell, which
+    # is baton itself (exec), as in examples/slurm/one-node.sbatch.
+    j.submit("usr1", pause=0.5, time="10")
+    j.signal_mid_run("usr1", "scancel", "--signal=USR1", "--batch")
+    # A preemption-style requeue from outside: SLURM sends SIGTERM and brings the job back by itself.
+    j.submit("outside", pause=0.5, time="10")
+    j.signal_mid_run("outside", "scontrol", "requeue")
+    j.submit("config-error", pause=0.0, time="1", args="--set optim.lr=-1")
+    # --stop-after-steps is a stop the user asked for: no requeue, though the run is not complete.
+    j.submit("stop-after", pause=0.0, time="5", args="--stop-after-steps 2")
+    # Two srun tasks as two nodes: the first job stops at step 10, the second (after it) resumes to the end.
+    j.submit("nodes", pause=0.0, time="10", args="--stop-after-steps 10", script=SCRIPT_NODES)
+    return j
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, prepared_data, baton_cli) -> Path:
-    """The store of the same run trained in one uninterrupted session, outside SLURM."""
+    """The run folder (store and runs) of the same run trained in one uninterrupted session, outside SLURM."""
     base = tmp_path_factory.mktemp("slurm-reference")
     cfg = write_config(base / "cfg.toml", data_dir=prepared_data, store=base / "store", runs=base / "runs")
     cfg.write_text(cfg.read_text() + BUDGET)
     baton_cli("train", "--config", str(cfg), "--no-progress", check=True)
-    return base / "store"
+    return base
 
 
 def assert_same_final_state(store: Path, reference: Path) -> None:
     model, optim, pointer = store_checkpoint_tensors(store, "test")
-    ref_model, ref_optim, ref_pointer = store_checkpoint_tensors(reference, "test")
+    ref_model, ref_optim, ref_pointer = store_checkpoint_tensors(reference / "store", "test")
     assert pointer["step"] == ref_pointer["step"] == 20 and pointer["complete"] is True
     assert_tensors_equal(model, ref_model)
     assert_tensors_equal(optim, ref_optim)
 
 
-def test_a_job_shorter_than_the_run_requeues_itself_until_the_run_is_complete(slurm_cluster, prepared_data,
-                                                                            tmp_path, reference):
-    # 20 steps of at least 3 s each cannot fit one minute: the job's end time stops each session in time to
-    # push, and the session requeues its own job, until the last one completes the run.
-    script, _, store = make_job(tmp_path, prepared_data, time="1")
-    job = slurm_cluster.sbatch(script, job_env(pause=3.0))
-    end = slurm_cluster.wait(job, JOB_TIMEOUT_S)
-    out = (tmp_path / "job.out").read_text()
+def test_a_job_shorter_than_the_run_requeues_itself_until_the_run_is_complete(jobs, reference):
+    job, end, out = jobs.wait("short")
     assert end["JobState"] == "COMPLETED", out
-    records = sessions(store)
+    records = sessions(jobs.base("short") / "store")
     n = len(records)
     assert n >= 2, out
     assert int(end["Restarts"]) == n - 1  # one requeue per session but the last, and no other
@@ -100,68 +182,70 @@ def test_a_job_shorter_than_the_run_requeues_itself_until_the_run_is_complete(sl
     for a, b in zip(records, records[1:]):
         assert b.steps_from == a.steps_to > a.steps_from  # each session trained, the next resumed where it ended
         assert a.deadline_ts is not None  # the job's end time was its budget
-    assert_same_final_state(store, reference)
+    assert_same_final_state(jobs.base("short") / "store", reference)
 
 
-def test_usr1_mid_step_checkpoints_requeues_and_resumes_exactly(slurm_cluster, prepared_data, tmp_path, reference):
-    # What sbatch --signal=B:USR1@... delivers before the time limit, sent by hand: the batch shell is baton
-    # itself (exec), as in examples/slurm/one-node.sbatch.
-    script, _, store = make_job(tmp_path, prepared_data, time="10")
-    job = slurm_cluster.sbatch(script, job_env(pause=1.0))
-    metrics = tmp_path / "runs" / "test" / "metrics.jsonl"
-    slurm_cluster.wait(job, JOB_TIMEOUT_S, until=lambda f: metrics.exists() and len(read_metrics(metrics.parent)) >= 3)
-    slurm_cluster.run("scancel", "--signal=USR1", "--batch", job)
-    end = slurm_cluster.wait(job, JOB_TIMEOUT_S)
-    out = (tmp_path / "job.out").read_text()
+def test_usr1_mid_run_checkpoints_requeues_and_resumes_exactly(jobs, reference):
+    job, end, out = jobs.wait("usr1")
+    assert jobs.signalled["usr1"] == "scancel --signal=USR1 --batch"
     assert end["JobState"] == "COMPLETED" and end["Restarts"] == "1", out
-    first, last = sessions(store)
+    first, last = sessions(jobs.base("usr1") / "store")
     assert first.outcome == "stopped: SIGUSR1" and first.requeued is True
     assert first.checkpoints and first.checkpoints[-1].verified and first.checkpoints[-1].step == first.steps_to
     assert 3 <= first.steps_to < 20
     assert (last.steps_from, last.steps_to, last.outcome, last.requeued) == (first.steps_to, 20, "completed", False)
-    assert_same_final_state(store, reference)
+    assert_same_final_state(jobs.base("usr1") / "store", reference)
 
 
-def test_an_outside_requeue_checkpoints_and_is_not_requeued_twice(slurm_cluster, prepared_data, tmp_path, reference):
-    # A preemption-style requeue: SLURM sends SIGTERM and brings the job back by itself; the session stops with
-    # a verified checkpoint and leaves the requeue to SLURM.
-    script, _, store = make_job(tmp_path, prepared_data, time="10")
-    job = slurm_cluster.sbatch(script, job_env(pause=1.0))
-    metrics = tmp_path / "runs" / "test" / "metrics.jsonl"
-    slurm_cluster.wait(job, JOB_TIMEOUT_S, until=lambda f: metrics.exists() and len(read_metrics(metrics.parent)) >= 3)
-    slurm_cluster.run("scontrol", "requeue", job)
-    end = slurm_cluster.wait(job, JOB_TIMEOUT_S)
-    out = (tmp_path / "job.out").read_text()
+def test_an_outside_requeue_checkpoints_and_is_not_requeued_twice(jobs, reference):
+    job, end, out = jobs.wait("outside")
+    assert jobs.signalled["outside"] == "scontrol requeue"
     assert end["JobState"] == "COMPLETED" and end["Restarts"] == "1", out
-    first, last = sessions(store)
+    first, last = sessions(jobs.base("outside") / "store")
     assert first.outcome == "stopped: SIGTERM" and first.requeued is False
     assert first.checkpoints and first.checkpoints[-1].verified and first.checkpoints[-1].step == first.steps_to
     assert (last.steps_from, last.steps_to, last.outcome) == (first.steps_to, 20, "completed")
-    assert "already" in out  # the session's own account of why it did not requeue
-    assert_same_final_state(store, reference)
+    assert f"SLURM job {job}: no requeue (SLURM requeued job {job} already (Restarts=1))" in out
+    assert_same_final_state(jobs.base("outside") / "store", reference)
 
 
-def test_a_job_that_fails_on_a_config_error_does_not_requeue(slurm_cluster, prepared_data, tmp_path):
-    script, _, store = make_job(tmp_path, prepared_data, time="1", args="--set optim.lr=-1")
-    job = slurm_cluster.sbatch(script, job_env(pause=0.0))
-    end = slurm_cluster.wait(job, JOB_TIMEOUT_S)
-    out = (tmp_path / "job.out").read_text()
+def test_a_job_that_fails_on_a_config_error_does_not_requeue(jobs):
+    job, end, out = jobs.wait("config-error")
     assert (end["JobState"], end["ExitCode"], end["Restarts"]) == ("FAILED", "2:0", "0"), out
     assert "baton: error: invalid config: optim.lr must be > 0, got -1.0" in out
+    store = jobs.base("config-error") / "store"
     assert not store.exists() or not sessions(store)
 
 
-def test_the_job_summary_names_the_job(slurm_cluster, prepared_data, tmp_path):
-    # --stop-after-steps is a stop the user asked for: no requeue, though the run is not complete.
-    script, _, store = make_job(tmp_path, prepared_data, time="5", args="--stop-after-steps 2")
-    job = slurm_cluster.sbatch(script, job_env(pause=0.0))
-    end = slurm_cluster.wait(job, JOB_TIMEOUT_S)
-    assert (end["JobState"], end["Restarts"]) == ("COMPLETED", "0"), (tmp_path / "job.out").read_text()
-    summary = json.loads((tmp_path / "runs" / "test" / "run_summary.json").read_text())
+def test_a_stop_the_user_asked_for_does_not_requeue_and_the_summary_names_the_job(jobs):
+    job, end, out = jobs.wait("stop-after")
+    assert (end["JobState"], end["Restarts"]) == ("COMPLETED", "0"), out
+    summary = json.loads((jobs.base("stop-after") / "runs" / "test" / "run_summary.json").read_text())
     assert summary["slurm"]["job_id"] == job and summary["requeue"] is False
-    assert summary["slurm"]["end_ts"] == pytest.approx(float(_epoch(end["EndTime"])))
-    (record,) = sessions(store)
-    assert (record.slurm_job, record.slurm_restarts, record.requeued) == (job, 0, False)
+    assert summary["slurm"]["end_ts"] == _epoch(end["EndTime"])
+    (record,) = sessions(jobs.base("stop-after") / "store")
+    assert (record.slurm_job, record.slurm_restarts, record.requeued, record.steps_to) == (job, 0, False, 2)
+
+
+def test_two_srun_tasks_train_and_resume_as_two_nodes(jobs, reference):
+    job, end, out = jobs.wait("nodes")
+    assert end["JobState"] == "COMPLETED", out
+    base = jobs.base("nodes")
+    assert steps_done(base) == 10 and json.loads((base / "store" / "test" / "latest.json").read_text())["step"] == 10
+    assert f"--rdzv-endpoint {end['BatchHost']}:29400 --rdzv-id slurm-{job}" in out
+    # The second job: the same script without --stop-after-steps, resumed from the store by both nodes.
+    script = base / "job.sh"
+    script.write_text(script.read_text().replace("--stop-after-steps 10", ""))
+    second = jobs.cluster.sbatch(script, job_env(0.0))
+    end = jobs.cluster.wait(second, JOB_TIMEOUT_S)
+    out = (base / "job.out").read_text()
+    assert end["JobState"] == "COMPLETED", out
+    rows = read_metrics(base / "runs" / "test")
+    assert [r["batch_sha"] for r in rows] == expected_batch_shas(jobs.data, 20)
+    assert_close_trace(rows, read_metrics(reference / "runs" / "test"))
+    pointer = json.loads((base / "store" / "test" / "latest.json").read_text())
+    assert pointer["step"] == 20 and pointer["complete"] is True
+    assert sorted(p.name for p in (base / "runs" / "test" / "logs").glob("rank-*.log")) == ["rank-0.log", "rank-1.log"]
 
 
 def _epoch(text: str) -> float:
