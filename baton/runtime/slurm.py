@@ -149,8 +149,9 @@ def hostnames(node_list: str) -> list[str]:
 
 
 def requeue_decision(mode: str, max_requeues: int, job: SlurmJob | None, stopped_by: str | None, step: int,
-                     total_steps: int) -> tuple[bool, str]:
-    """(requeue?, why): only a job's session that stopped for time or a signal before the horizon, under the cap.
+                     total_steps: int, first_step: int) -> tuple[bool, str]:
+    """(requeue?, why): only a job's session that stopped for time or a signal before the horizon, having trained
+    from ``first_step`` to ``step``, under the cap.
 
     Pure: the controller's view (is SLURM requeueing the job already?) is ``already_requeued``'s."""
     if job is None:
@@ -163,6 +164,11 @@ def requeue_decision(mode: str, max_requeues: int, job: SlurmJob | None, stopped
         return False, "the session stopped at --stop-after-steps, as asked"
     if not job.batch:
         return False, "not a batch job (only sbatch jobs can be requeued)"
+    if step <= first_step:
+        # Its start took the whole budget (or the signal came before the first step): the next run of the same
+        # job would do the same, so requeueing would only loop until the cap.
+        return False, (f"the session trained no step (it stopped at step {step} for {stopped_by}): a requeue would "
+                       "do the same; give the job a longer --time, or see what delays its start")
     if job.restart_count >= max_requeues:
         return False, (f"the job was requeued {job.restart_count} times already, train.max_requeues="
                        f"{max_requeues}: resubmit it with sbatch to go on")

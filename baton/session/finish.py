@@ -197,7 +197,7 @@ def requeue_plan(s: Session) -> dict[str, Any]:
         return {"slurm": None, "requeue": False}
     t = s.parts.cfg.train
     wanted, why = slurm.requeue_decision(t.requeue, t.max_requeues, job, s.state.stopped_by, s.state.step,
-                                         s.parts.total_steps)
+                                         s.parts.total_steps, s.state.resumed_from or 0)
     if wanted and s.parts.dist.is_main:
         fields = slurm.show_job(job.job_id, strict=False)
         already = slurm.already_requeued(job, fields) if fields else None

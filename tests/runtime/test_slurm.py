@@ -87,9 +87,11 @@ JOB = slurm.SlurmJob(job_id="7", restart_count=2)
     ("auto", 3, JOB, "time budget", 10, True, "stopped for time budget"),
     ("auto", 20, None, "time budget", 10, False, "not a SLURM job"),
     ("auto", 20, slurm.SlurmJob(job_id="7", batch=False), "SIGTERM", 10, False, "not a batch job"),
+    # Its start took the whole budget: the next run of the job would too.
+    ("auto", 20, JOB, "time budget", 4, False, "the session trained no step (it stopped at step 4 for time budget)"),
 ])
 def test_the_requeue_decision(mode, cap, job, stopped_by, step, wanted, why):
-    got, reason = slurm.requeue_decision(mode, cap, job, stopped_by, step, 20)
+    got, reason = slurm.requeue_decision(mode, cap, job, stopped_by, step, 20, first_step=4)
     assert got is wanted and reason.startswith(why)
 
 

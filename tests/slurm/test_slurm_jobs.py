@@ -1,7 +1,7 @@
 """Real sbatch jobs of the test config on the one-node cluster (tests/slurm/conftest.py).
 
 Each step of a job pauses a fixed time (``BATON_FAULT_PAUSE=step=S``, before the step runs), so a run lasts
-longer than SLURM's shortest time limit (one minute) whatever the machine's speed: the sessions a job needs
+longer than the job's time limit (two minutes) whatever the machine's speed: the sessions a job needs
 vary with the machine, what the tests check does not.
 
 Every job is submitted at once (``jobs``) and they run side by side, as on a cluster, so the module takes
@@ -27,8 +27,8 @@ from support.helpers import assert_tensors_equal, read_metrics, store_checkpoint
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 
 ROOT = Path(__file__).resolve().parents[2]
-JOB_TIMEOUT_S = 900  # a ceiling that catches a hang; a job here takes one to three minutes
-# Short enough for a one-minute job: the session stops this long before the job's end time, plus the measured
+JOB_TIMEOUT_S = 900  # a ceiling that catches a hang; a job here takes one to four minutes
+# Short enough for a two-minute job: the session stops this long before the job's end time, plus the measured
 # step and the checkpoint guess (a second or two for the test model).
 BUDGET = """
 [budget]
@@ -97,13 +97,18 @@ class Jobs:
         self.signalled: dict[str, str] = {}
         self.errors: list[BaseException] = []
 
-    def submit(self, name: str, pause: float, **kw) -> None:
-        base = self.root / name
-        base.mkdir()
-        self.ids[name] = self.cluster.sbatch(make_job(base, self.data, **kw), job_env(pause))
+    def submit(self, name: str, pause: float, after: str | None = None, **kw) -> None:
+        """``after``: a job of the same run folder that must end well first (this one resumes from it)."""
+        base = self.root / (after or name)
+        base.mkdir(exist_ok=after is not None)
+        script = make_job(base, self.data, **kw)
+        if after:
+            script = script.rename(base / f"{name}.sh")
+        self.ids[name] = self.cluster.sbatch(script, job_env(pause),
+                                             *([f"--dependency=afterok:{self.ids[after]}"] if after else []))
 
     def base(self, name: str) -> Path:
-        return self.root / name
+        return self.root / name.removesuffix("-after")
 
     def wait(self, name: str) -> tuple[str, dict[str, str], str]:
         """(job id, the job's final fields, its output) once it ended."""
@@ -131,9 +136,10 @@ class Jobs:
 @pytest.fixture(scope="module")
 def jobs(slurm_cluster, tmp_path_factory, prepared_data) -> Jobs:
     j = Jobs(slurm_cluster, tmp_path_factory.mktemp("slurm-jobs"), prepared_data)
-    # 20 steps of at least 3 s each cannot fit one minute: the job's end time stops each session in time to
-    # push, and the session requeues its own job, until the last one completes the run.
-    j.submit("short", pause=3.0, time="1")
+    # 20 steps of at least 6 s each cannot fit two minutes: the job's end time stops each session in time to
+    # push, and the session requeues its own job, until the last one completes the run. (Two minutes, not
+    # SLURM's shortest one: with every job starting at once on two cores, a start alone can take a minute.)
+    j.submit("short", pause=6.0, time="2")
     # What sbatch --signal=B:USR1@... delivers before the time limit, sent by hand to the batch shell, which
     # is baton itself (exec), as in examples/slurm/one-node.sbatch.
     j.submit("usr1", pause=0.5, time="10")
@@ -146,6 +152,7 @@ def jobs(slurm_cluster, tmp_path_factory, prepared_data) -> Jobs:
     j.submit("stop-after", pause=0.0, time="5", args="--stop-after-steps 2")
     # Two srun tasks as two nodes: the first job stops at step 10, the second (after it) resumes to the end.
     j.submit("nodes", pause=0.0, time="10", args="--stop-after-steps 10", script=SCRIPT_NODES)
+    j.submit("nodes-after", pause=0.0, after="nodes", time="10", script=SCRIPT_NODES)
     return j
 
 
@@ -222,7 +229,8 @@ def test_a_stop_the_user_asked_for_does_not_requeue_and_the_summary_names_the_jo
     assert (end["JobState"], end["Restarts"]) == ("COMPLETED", "0"), out
     summary = json.loads((jobs.base("stop-after") / "runs" / "test" / "run_summary.json").read_text())
     assert summary["slurm"]["job_id"] == job and summary["requeue"] is False
-    assert summary["slurm"]["end_ts"] == _epoch(end["EndTime"])
+    # Its time limit from its start (after the job ended, EndTime says when it did).
+    assert summary["slurm"]["end_ts"] == _epoch(end["StartTime"]) + 5 * 60
     (record,) = sessions(jobs.base("stop-after") / "store")
     assert (record.slurm_job, record.slurm_restarts, record.requeued, record.steps_to) == (job, 0, False, 2)
 
@@ -230,21 +238,20 @@ def test_a_stop_the_user_asked_for_does_not_requeue_and_the_summary_names_the_jo
 def test_two_srun_tasks_train_and_resume_as_two_nodes(jobs, reference):
     job, end, out = jobs.wait("nodes")
     assert end["JobState"] == "COMPLETED", out
-    base = jobs.base("nodes")
-    assert steps_done(base) == 10 and json.loads((base / "store" / "test" / "latest.json").read_text())["step"] == 10
     assert f"--rdzv-endpoint {end['BatchHost']}:29400 --rdzv-id slurm-{job}" in out
+    base = jobs.base("nodes")
+    first = sessions(base / "store")[0]
+    assert (first.slurm_job, first.accelerators, first.steps_to, first.requeued) == (job, 2, 10, False)
     # The second job: the same script without --stop-after-steps, resumed from the store by both nodes.
-    script = base / "job.sh"
-    script.write_text(script.read_text().replace("--stop-after-steps 10", ""))
-    second = jobs.cluster.sbatch(script, job_env(0.0))
-    end = jobs.cluster.wait(second, JOB_TIMEOUT_S)
-    out = (base / "job.out").read_text()
+    second, end, out = jobs.wait("nodes-after")
     assert end["JobState"] == "COMPLETED", out
     rows = read_metrics(base / "runs" / "test")
     assert [r["batch_sha"] for r in rows] == expected_batch_shas(jobs.data, 20)
     assert_close_trace(rows, read_metrics(reference / "runs" / "test"))
     pointer = json.loads((base / "store" / "test" / "latest.json").read_text())
     assert pointer["step"] == 20 and pointer["complete"] is True
+    assert [(r.slurm_job, r.steps_from, r.steps_to) for r in sessions(base / "store")] == [(job, 0, 10),
+                                                                                        (second, 10, 20)]
     assert sorted(p.name for p in (base / "runs" / "test" / "logs").glob("rank-*.log")) == ["rank-0.log", "rank-1.log"]
 
 
