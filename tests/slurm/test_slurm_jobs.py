@@ -89,17 +89,18 @@ def steps_done(base: Path) -> int:
 
 
 class Jobs:
-    """The module's jobs: name -> (job id, folder); ``signalled`` records the outside signals sent."""
+    """The module's jobs by name: their ids and run folders; ``signalled``: the outside signals sent."""
 
     def __init__(self, cluster, root: Path, data: Path):
         self.cluster, self.root, self.data = cluster, root, data
         self.ids: dict[str, str] = {}
+        self.bases: dict[str, Path] = {}
         self.signalled: dict[str, str] = {}
         self.errors: list[BaseException] = []
 
     def submit(self, name: str, pause: float, after: str | None = None, **kw) -> None:
         """``after``: a job of the same run folder that must end well first (this one resumes from it)."""
-        base = self.root / (after or name)
+        base = self.bases[name] = self.bases[after] if after else self.root / name
         base.mkdir(exist_ok=after is not None)
         script = make_job(base, self.data, **kw)
         if after:
@@ -108,7 +109,7 @@ class Jobs:
                                              *([f"--dependency=afterok:{self.ids[after]}"] if after else []))
 
     def base(self, name: str) -> Path:
-        return self.root / name.removesuffix("-after")
+        return self.bases[name]
 
     def wait(self, name: str) -> tuple[str, dict[str, str], str]:
         """(job id, the job's final fields, its output) once it ended."""
