@@ -19,6 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # Variables that torch, transformers or huggingface_hub read once, at import: a zygote imported them already,
 # so a command that sets one differently from the zygote's environment starts a fresh interpreter.
 READ_AT_IMPORT = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "CUDA_", "OMP_", "MKL_")
+# A suite run inside a SLURM job must not train as that job's sessions (its end time as their budget, a requeue
+# of the job after a test's stop): the SLURM tests start a cluster of their own and set what their jobs need.
+for _name in [k for k in os.environ if k.startswith("SLURM_")]:
+    del os.environ[_name]
 # The environment the tests started in, before any test's monkeypatch: the zygote's, whichever test starts it.
 START_ENV = dict(os.environ)
 

@@ -7,6 +7,8 @@ Debian machines); elsewhere these tests are skipped, saying why. Under pytest-xd
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from support.slurm_cluster import SlurmCluster, install
@@ -14,7 +16,7 @@ from support.slurm_cluster import SlurmCluster, install
 
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
-    why = install()
+    why = install() or (None if os.geteuid() == 0 else "the test cluster's slurmd and slurmctld run as root")
     if why:
         pytest.skip(f"no SLURM cluster for these tests: {why}")
     cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
