@@ -12,6 +12,7 @@ then waits for its own job and checks what it left.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -43,38 +44,40 @@ SCRIPT = """#!/bin/bash
 #SBATCH --open-mode=append
 #SBATCH --output={out}
 #SBATCH --chdir={root}
-{extra}
 exec {python} -m baton.cli train --config {cfg} --no-progress {args}
 """
-# Two tasks of one srun step on the one machine: two "nodes", as `--nnodes 2` runs them, meeting at the first
-# host of the step's node list.
-SCRIPT_NODES = """#!/bin/bash
-#SBATCH --job-name={name}
-#SBATCH --time={time}
-#SBATCH --ntasks=2
-#SBATCH --open-mode=append
-#SBATCH --output={out}
-#SBATCH --chdir={root}
-{extra}
-srun --ntasks=2 --kill-on-bad-exit=1 {python} -m baton.cli train --config {cfg} --no-progress --nproc 1 \\
-    --nnodes slurm {args}
-"""
+EXAMPLES = ROOT / "examples" / "slurm"
+# What an example asks and this machine cannot grant (GPUs, 16 cores): left out of the copy a job runs.
+NOT_HERE = ("#SBATCH --gpus-per-node", "#SBATCH --cpus-per-task")
 
 
-def make_job(base: Path, data: Path, time: str = "1", args: str = "", script: str = SCRIPT,
-             extra: str = "") -> Path:
-    """A job script training the test config into ``base/store`` (config ``base/cfg.toml``)."""
+def make_config(base: Path, data: Path) -> Path:
     cfg = write_config(base / "cfg.toml", data_dir=data, store=base / "store", runs=base / "runs")
     cfg.write_text(cfg.read_text() + BUDGET)
+    return cfg
+
+
+def make_job(base: Path, data: Path, time: str = "1", args: str = "") -> Path:
+    """A job script training the test config into ``base/store`` (config ``base/cfg.toml``)."""
+    cfg = make_config(base, data)
     path = base / "job.sh"
-    path.write_text(script.format(name=base.name, time=time, out=base / "job.out", root=ROOT, python=sys.executable,
-                                  cfg=cfg, args=args, extra=extra))
+    path.write_text(SCRIPT.format(name=base.name, time=time, out=base / "job.out", root=ROOT, python=sys.executable,
+                                  cfg=cfg, args=args))
+    return path
+
+
+def example(name: str, base: Path) -> Path:
+    """A copy of ``examples/slurm/<name>`` without what this machine cannot grant."""
+    lines = (EXAMPLES / name).read_text().splitlines(keepends=True)
+    path = base / name
+    path.write_text("".join(line for line in lines if not line.startswith(NOT_HERE)))
     return path
 
 
 def job_env(pause: float) -> dict[str, str]:
+    # The examples call `baton`: this interpreter's, importing this checkout.
     return {"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
-            "BATON_FAULT_PAUSE": f"step={pause}"}
+            "BATON_FAULT_PAUSE": f"step={pause}", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
 
 
 def sessions(store: Path) -> list:
@@ -98,15 +101,22 @@ class Jobs:
         self.signalled: dict[str, str] = {}
         self.errors: list[BaseException] = []
 
-    def submit(self, name: str, pause: float, after: str | None = None, **kw) -> None:
-        """``after``: a job of the same run folder that must end well first (this one resumes from it)."""
+    def submit(self, name: str, pause: float, **kw) -> None:
+        base = self.bases[name] = self.root / name
+        base.mkdir()
+        self.ids[name] = self.cluster.sbatch(make_job(base, self.data, **kw), job_env(pause))
+
+    def submit_example(self, name: str, script: str, pause: float, args: tuple[str, ...] = (),
+                       options: tuple[str, ...] = (), after: str | None = None) -> None:
+        """``examples/slurm/<script>`` as it is (``options`` over its #SBATCH lines); ``after``: a job of the same
+        run folder that must end well first (this one resumes from it)."""
         base = self.bases[name] = self.bases[after] if after else self.root / name
         base.mkdir(exist_ok=after is not None)
-        script = make_job(base, self.data, **kw)
+        cfg = make_config(base, self.data)
         if after:
-            script = script.rename(base / f"{name}.sh")
-        self.ids[name] = self.cluster.sbatch(script, job_env(pause),
-                                             *([f"--dependency=afterok:{self.ids[after]}"] if after else []))
+            options = (*options, f"--dependency=afterok:{self.ids[after]}")
+        self.ids[name] = self.cluster.sbatch(example(script, base), job_env(pause), f"--output={base / 'job.out'}",
+                                             f"--chdir={ROOT}", *options, args=(str(cfg), *args))
 
     def base(self, name: str) -> Path:
         return self.bases[name]
@@ -141,9 +151,9 @@ def jobs(slurm_cluster, tmp_path_factory, prepared_data) -> Jobs:
     # push, and the session requeues its own job, until the last one completes the run. (Two minutes, not
     # SLURM's shortest one: with every job starting at once on two cores, a start alone can take a minute.)
     j.submit("short", pause=6.0, time="2")
-    # What sbatch --signal=B:USR1@... delivers before the time limit, sent by hand to the batch shell, which
-    # is baton itself (exec), as in examples/slurm/one-node.sbatch.
-    j.submit("usr1", pause=0.5, time="10")
+    # What the example's --signal=B:USR1@600 delivers before its time limit, sent by hand to the batch shell,
+    # which is baton itself (exec).
+    j.submit_example("usr1", "one-node.sbatch", pause=0.5)
     j.signal_mid_run("usr1", "scancel", "--signal=USR1", "--batch")
     # A preemption-style requeue from outside: SLURM sends SIGTERM and brings the job back by itself.
     j.submit("outside", pause=0.5, time="10")
@@ -152,8 +162,10 @@ def jobs(slurm_cluster, tmp_path_factory, prepared_data) -> Jobs:
     # --stop-after-steps is a stop the user asked for: no requeue, though the run is not complete.
     j.submit("stop-after", pause=0.0, time="5", args="--stop-after-steps 2")
     # Two srun tasks as two nodes: the first job stops at step 10, the second (after it) resumes to the end.
-    j.submit("nodes", pause=0.0, time="10", args="--stop-after-steps 10", script=SCRIPT_NODES)
-    j.submit("nodes-after", pause=0.0, after="nodes", time="10", script=SCRIPT_NODES)
+    # The example's two nodes are two tasks on the one machine here.
+    nodes = ("--nodes=1", "--ntasks-per-node=2")
+    j.submit_example("nodes", "multi-node.sbatch", pause=0.0, args=("--stop-after-steps", "10"), options=nodes)
+    j.submit_example("nodes-after", "multi-node.sbatch", pause=0.0, options=nodes, after="nodes")
     return j
 
 
@@ -243,7 +255,7 @@ def test_two_srun_tasks_train_and_resume_as_two_nodes(jobs, reference):
     base = jobs.base("nodes")
     first = sessions(base / "store")[0]
     assert (first.slurm_job, first.accelerators, first.steps_to, first.requeued) == (job, 2, 10, False)
-    # The second job: the same script without --stop-after-steps, resumed from the store by both nodes.
+    # The second job: the same example without --stop-after-steps, resumed from the store by both nodes.
     second, end, out = jobs.wait("nodes-after")
     assert end["JobState"] == "COMPLETED", out
     rows = read_metrics(base / "runs" / "test")

@@ -173,10 +173,10 @@ class SlurmCluster:
             raise AssertionError(f"{' '.join(cmd)} exited {p.returncode}: {p.stderr or p.stdout}")
         return p
 
-    def sbatch(self, script: Path, env: dict[str, str] | None = None, *options: str) -> str:
-        """Submit ``script`` (its #SBATCH lines and ``options`` decide the rest) with this cluster's and ``env``'s
-        variables; its job id."""
-        p = subprocess.run(["sbatch", "--parsable", *options, str(script)], env={**self.env, **(env or {})},
+    def sbatch(self, script: Path, env: dict[str, str] | None = None, *options: str, args: tuple[str, ...] = ()) -> str:
+        """Submit ``script`` with ``args`` (its #SBATCH lines and, over them, ``options`` decide the rest) with
+        this cluster's and ``env``'s variables; its job id."""
+        p = subprocess.run(["sbatch", "--parsable", *options, str(script), *args], env={**self.env, **(env or {})},
                            capture_output=True, text=True, timeout=60)
         if p.returncode != 0:
             raise AssertionError(f"sbatch {script} exited {p.returncode}: {p.stderr}")
