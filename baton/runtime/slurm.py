@@ -66,9 +66,9 @@ def _count(env: Mapping[str, str], name: str, default: int | None) -> int | None
 
 
 def current_job(env: Mapping[str, str] | None = None, query: bool = True) -> SlurmJob | None:
-    """This process's job, or None outside SLURM. ``query``: ask the controller for the end time when the
-    environment does not carry it (``scontrol show job``; a controller that cannot be asked leaves no end time,
-    with a warning)."""
+    """This process's job, or None outside SLURM. ``query``: also ask the controller (``scontrol show job``) for
+    the end time where the environment lacks it, and whether it is a batch job (a controller that cannot be
+    asked leaves no end time, with a warning)."""
     env = os.environ if env is None else env
     job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
     if not job_id:
