@@ -16,6 +16,7 @@ Settings that make a job's life short enough for a test, and why:
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -155,6 +156,8 @@ class SlurmCluster:
             time.sleep(0.5)
 
     def stop(self) -> None:
+        if len(self.procs) == 3 and self.procs[1].poll() is None:  # slurmctld is up
+            self._cancel_all()
         for p in reversed(self.procs):
             if p.poll() is None:
                 p.terminate()
@@ -165,6 +168,16 @@ class SlurmCluster:
                 p.kill()
                 p.wait()
         self.procs = []
+
+    def _cancel_all(self) -> None:
+        """A job still running (a failed test's) is cancelled and waited for: its processes are the test's."""
+        try:
+            self.run("scancel", "--user", pwd.getpwuid(os.getuid()).pw_name, check=False)
+            t0 = time.monotonic()
+            while self.run("squeue", "-h", check=False).stdout.strip() and time.monotonic() - t0 < 60:
+                time.sleep(1.0)
+        except (OSError, subprocess.SubprocessError):
+            pass  # the controller is gone already: nothing it could cancel
 
     # ----------------------------------------------------------------------------------------- jobs
     def run(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
