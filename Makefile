@@ -27,7 +27,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 test: lint
-	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadgroup
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4
 
 clean:
 	rm -rf runs store data/tiny

@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("multi-node (passed to torchrun; see docs/distributed.md)")
     g.add_argument("--nnodes", default="1", metavar="N|MIN:MAX|slurm",
                    help="number of nodes (default 1); slurm: one task per node of an srun step, meeting at the "
-                        "step's first host (port 29400, or --rdzv-endpoint's) under the job id (docs/slurm.md)")
+                        "step's first host (port 29400 + job id mod 1000, or --rdzv-endpoint's) under the job id "
+                        "(docs/slurm.md)")
     g.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
                    help="c10d rendezvous endpoint, the same on every node")
     g.add_argument("--rdzv-id", default=None, metavar="ID", help="job id shared by all nodes (default: run name)")
@@ -253,13 +254,13 @@ def cmd_train(args) -> int:
     from ..runtime.launch import LaunchSpec
 
     if args.nnodes == "slurm":
-        from ..runtime.slurm import DEFAULT_RDZV_PORT, rendezvous
+        from ..runtime.slurm import rendezvous
 
-        port = args.rdzv_endpoint.rpartition(":")[2] if args.rdzv_endpoint else str(DEFAULT_RDZV_PORT)
-        if not port.isdigit():
+        port = args.rdzv_endpoint.rpartition(":")[2] if args.rdzv_endpoint else None
+        if port is not None and not port.isdigit():
             raise BatonError(f"--rdzv-endpoint {args.rdzv_endpoint!r} has no port: give HOST:PORT (with --nnodes "
                              "slurm only the port is used)")
-        args.nnodes, args.rdzv_endpoint, slurm_id = rendezvous(port=int(port))
+        args.nnodes, args.rdzv_endpoint, slurm_id = rendezvous(port=int(port) if port else None)
         args.rdzv_id = args.rdzv_id or slurm_id
     spec = LaunchSpec(nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
                       master_port=args.master_port, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,

@@ -34,7 +34,7 @@ from ..errors import BatonError
 log = logging.getLogger("baton")
 
 SCONTROL_TIMEOUT_S = 60.0  # a controller that does not answer in a minute is down, not slow
-DEFAULT_RDZV_PORT = 29400  # torchrun's own default for the c10d rendezvous
+RDZV_PORT_BASE = 29400  # torchrun's own default for the c10d rendezvous; a job's port is this + job id mod 1000
 
 
 @dataclass(frozen=True)
@@ -214,9 +214,15 @@ def warning_signal(name: str) -> signal.Signals:
 # ----------------------------------------------------------------------------------------- multi-node
 
 
-def rendezvous(env: Mapping[str, str] | None = None, port: int = DEFAULT_RDZV_PORT) -> tuple[str, str, str]:
+def rendezvous_port(job_id: str) -> int:
+    """The rendezvous port of a job: two jobs whose first hosts are the same node (a shared node) meet on
+    different ports, below the kernel's ephemeral range."""
+    return RDZV_PORT_BASE + int(job_id) % 1000
+
+
+def rendezvous(env: Mapping[str, str] | None = None, port: int | None = None) -> tuple[str, str, str]:
     """(nnodes, host:port, rendezvous id) of an ``srun`` step that runs one ``baton train`` per node: the
-    nodes meet at the first host of the step's node list, under the job id."""
+    nodes meet at the first host of the step's node list (on ``port``, else the job's), under the job id."""
     env = os.environ if env is None else env
     job_id = env.get("SLURM_JOB_ID")
     nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
@@ -227,4 +233,4 @@ def rendezvous(env: Mapping[str, str] | None = None, port: int = DEFAULT_RDZV_PO
                          "SLURM_STEP_NUM_TASKS are not all set here")
     if not tasks.isdigit() or int(tasks) < 1:
         raise BatonError(f"SLURM_STEP_NUM_TASKS={tasks!r} is not a task count")
-    return tasks, f"{hostnames(nodes)[0]}:{port}", f"slurm-{job_id}"
+    return tasks, f"{hostnames(nodes)[0]}:{port or rendezvous_port(job_id)}", f"slurm-{job_id}"

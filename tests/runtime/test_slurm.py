@@ -95,6 +95,10 @@ def test_the_requeue_decision(mode, cap, job, stopped_by, step, wanted, why):
     assert got is wanted and reason.startswith(why)
 
 
+def test_each_job_has_its_own_rendezvous_port_below_the_ephemeral_range():
+    assert [slurm.rendezvous_port(j) for j in ("7", "1007", "123999")] == [29407, 29407, 30399]
+
+
 def test_a_job_slurm_brings_back_itself_is_not_requeued_again():
     running = slurm.parse_show_job(SHOW_JOB)
     assert slurm.already_requeued(JOB, running) is None

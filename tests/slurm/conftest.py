@@ -1,8 +1,8 @@
 """One real SLURM cluster for every SLURM test (``slurm_cluster``), installed where it is absent.
 
 On a machine without SLURM the packages are installed with apt-get when the tests run as root (CI's fresh
-Debian machines); elsewhere these tests are skipped, saying why. Under pytest-xdist the tests share one worker
-(their ``xdist_group`` mark, with ``--dist loadgroup`` as `make test` runs them), so the cluster starts once.
+Debian machines); elsewhere these tests are skipped, saying why. The jobs are checked by one test
+(test_slurm_jobs.py), so under pytest-xdist one worker starts the cluster, once.
 """
 
 from __future__ import annotations

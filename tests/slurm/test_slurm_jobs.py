@@ -4,15 +4,18 @@ Each step of a job pauses a fixed time (``BATON_FAULT_PAUSE=step=S``, before the
 longer than the job's time limit (two minutes) whatever the machine's speed: the sessions a job needs
 vary with the machine, what the tests check does not.
 
-Every job is submitted at once (``jobs``) and they run side by side, as on a cluster, so the module takes
-about as long as its longest job; a thread sends the outside signals when their jobs are mid-run. Each test
-then waits for its own job and checks what it left.
+Every job is submitted at once (``jobs``) and they run side by side, as on a cluster, so the test takes
+about as long as its longest job; a thread sends the outside signals when their jobs are mid-run. One test
+then checks each job in turn (``CHECKS``) and reports every check that failed: a single test, so that
+pytest-xdist never starts a second cluster on another worker.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import sys
 import threading
 import time
@@ -25,7 +28,7 @@ from baton.store.local import LocalStore
 from support.distrun import assert_close_trace, expected_batch_shas
 from support.helpers import assert_tensors_equal, read_metrics, store_checkpoint_tensors, write_config
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm")]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_TIMEOUT_S = 900  # a ceiling that catches a hang; a job here takes one to four minutes
@@ -84,6 +87,12 @@ def sessions(store: Path) -> list:
     records, problems = read_ledger(LocalStore(str(store)), "test")
     assert not problems
     return records
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def steps_done(base: Path) -> int:
@@ -162,10 +171,13 @@ def jobs(slurm_cluster, tmp_path_factory, prepared_data) -> Jobs:
     # --stop-after-steps is a stop the user asked for: no requeue, though the run is not complete.
     j.submit("stop-after", pause=0.0, time="5", args="--stop-after-steps 2")
     # Two srun tasks as two nodes: the first job stops at step 10, the second (after it) resumes to the end.
-    # The example's two nodes are two tasks on the one machine here.
+    # The example's two nodes are two tasks on the one machine here, meeting on a port picked free (the job's
+    # own, 29400 + its id mod 1000, may be another process's on a machine the tests share).
     nodes = ("--nodes=1", "--ntasks-per-node=2")
-    j.submit_example("nodes", "multi-node.sbatch", pause=0.0, args=("--stop-after-steps", "10"), options=nodes)
-    j.submit_example("nodes-after", "multi-node.sbatch", pause=0.0, options=nodes, after="nodes")
+    j.submit_example("nodes", "multi-node.sbatch", pause=0.0, options=nodes,
+                     args=("--stop-after-steps", "10", "--rdzv-endpoint", f"x:{free_port()}"))
+    j.submit_example("nodes-after", "multi-node.sbatch", pause=0.0, options=nodes, after="nodes",
+                     args=("--rdzv-endpoint", f"x:{free_port()}"))
     return j
 
 
@@ -187,7 +199,7 @@ def assert_same_final_state(store: Path, reference: Path) -> None:
     assert_tensors_equal(optim, ref_optim)
 
 
-def test_a_job_shorter_than_the_run_requeues_itself_until_the_run_is_complete(jobs, reference):
+def check_a_job_shorter_than_the_run_requeues_itself_until_the_run_is_complete(jobs, reference):
     job, end, out = jobs.wait("short")
     assert end["JobState"] == "COMPLETED", out
     records = sessions(jobs.base("short") / "store")
@@ -205,7 +217,7 @@ def test_a_job_shorter_than_the_run_requeues_itself_until_the_run_is_complete(jo
     assert_same_final_state(jobs.base("short") / "store", reference)
 
 
-def test_usr1_mid_run_checkpoints_requeues_and_resumes_exactly(jobs, reference):
+def check_usr1_mid_run_checkpoints_requeues_and_resumes_exactly(jobs, reference):
     job, end, out = jobs.wait("usr1")
     assert jobs.signalled["usr1"] == "scancel --signal=USR1 --batch"
     assert end["JobState"] == "COMPLETED" and end["Restarts"] == "1", out
@@ -217,7 +229,7 @@ def test_usr1_mid_run_checkpoints_requeues_and_resumes_exactly(jobs, reference):
     assert_same_final_state(jobs.base("usr1") / "store", reference)
 
 
-def test_an_outside_requeue_checkpoints_and_is_not_requeued_twice(jobs, reference):
+def check_an_outside_requeue_checkpoints_and_is_not_requeued_twice(jobs, reference):
     job, end, out = jobs.wait("outside")
     assert jobs.signalled["outside"] == "scontrol requeue"
     assert end["JobState"] == "COMPLETED" and end["Restarts"] == "1", out
@@ -229,7 +241,7 @@ def test_an_outside_requeue_checkpoints_and_is_not_requeued_twice(jobs, referenc
     assert_same_final_state(jobs.base("outside") / "store", reference)
 
 
-def test_a_job_that_fails_on_a_config_error_does_not_requeue(jobs):
+def check_a_job_that_fails_on_a_config_error_does_not_requeue(jobs, reference):
     job, end, out = jobs.wait("config-error")
     assert (end["JobState"], end["ExitCode"], end["Restarts"]) == ("FAILED", "2:0", "0"), out
     assert "baton: error: invalid config: optim.lr must be > 0, got -1.0" in out
@@ -237,7 +249,7 @@ def test_a_job_that_fails_on_a_config_error_does_not_requeue(jobs):
     assert not store.exists() or not sessions(store)
 
 
-def test_a_stop_the_user_asked_for_does_not_requeue_and_the_summary_names_the_job(jobs):
+def check_a_stop_the_user_asked_for_does_not_requeue_and_the_summary_names_the_job(jobs, reference):
     job, end, out = jobs.wait("stop-after")
     assert (end["JobState"], end["Restarts"]) == ("COMPLETED", "0"), out
     summary = json.loads((jobs.base("stop-after") / "runs" / "test" / "run_summary.json").read_text())
@@ -248,10 +260,10 @@ def test_a_stop_the_user_asked_for_does_not_requeue_and_the_summary_names_the_jo
     assert (record.slurm_job, record.slurm_restarts, record.requeued, record.steps_to) == (job, 0, False, 2)
 
 
-def test_two_srun_tasks_train_and_resume_as_two_nodes(jobs, reference):
+def check_two_srun_tasks_train_and_resume_as_two_nodes(jobs, reference):
     job, end, out = jobs.wait("nodes")
     assert end["JobState"] == "COMPLETED", out
-    assert f"--rdzv-endpoint {end['BatchHost']}:29400 --rdzv-id slurm-{job}" in out
+    assert re.search(rf"--rdzv-endpoint {end['BatchHost']}:\d+ --rdzv-id slurm-{job} ", out)
     base = jobs.base("nodes")
     first = sessions(base / "store")[0]
     assert (first.slurm_job, first.accelerators, first.steps_to, first.requeued) == (job, 2, 10, False)
@@ -266,6 +278,26 @@ def test_two_srun_tasks_train_and_resume_as_two_nodes(jobs, reference):
     assert [(r.slurm_job, r.steps_from, r.steps_to) for r in sessions(base / "store")] == [(job, 0, 10),
                                                                                         (second, 10, 20)]
     assert sorted(p.name for p in (base / "runs" / "test" / "logs").glob("rank-*.log")) == ["rank-0.log", "rank-1.log"]
+
+
+CHECKS = (
+    check_a_job_shorter_than_the_run_requeues_itself_until_the_run_is_complete,
+    check_usr1_mid_run_checkpoints_requeues_and_resumes_exactly,
+    check_an_outside_requeue_checkpoints_and_is_not_requeued_twice,
+    check_a_job_that_fails_on_a_config_error_does_not_requeue,
+    check_a_stop_the_user_asked_for_does_not_requeue_and_the_summary_names_the_job,
+    check_two_srun_tasks_train_and_resume_as_two_nodes,
+)
+
+
+def test_sbatch_jobs_on_a_real_cluster(jobs, reference):
+    failed = []
+    for check in CHECKS:
+        try:
+            check(jobs, reference)
+        except AssertionError as e:
+            failed.append(f"{check.__name__}: {e}")
+    assert not failed, "\n\n".join(failed)
 
 
 def _epoch(text: str) -> float:
