@@ -260,8 +260,10 @@ def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = N
     allowed = tuple(sorted(validate_allowed(list(allow_change))))
     started, stop_at = session_clock(cfg, session_start, session_hours, deadline)
     if "RANK" not in os.environ and (spec.nproc > 1 or spec.multi_node):
-        return _launched(cfg, spec, rank_args(cfg, resume, stop_after_steps, started, stop_at, allowed, progress),
-                         stream_output)
+        summary = _launched(cfg, spec, rank_args(cfg, resume, stop_after_steps, started, stop_at, allowed, progress),
+                            stream_output)
+        _requeue(summary)
+        return summary
     from .loop import run
     from .runtime import dist, logs
 
@@ -273,7 +275,22 @@ def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = N
     at_horizon = summary.get("steps_done") == summary.get("total_steps")  # not a periodic validation
     if at_horizon and summary.get("val_loss") is not None and rank == 0:
         print(f"final validation: loss {summary['val_loss']:.4f}, perplexity {summary['val_ppl']:.2f}")
+    if "RANK" not in os.environ:  # a rank of a launch leaves it to its launcher
+        _requeue(summary)
     return summary
+
+
+def _requeue(summary: dict[str, Any]) -> None:
+    """The SLURM job's requeue that rank 0 decided (``session.finish.requeue_plan``), by the process SLURM
+    started for the task that holds rank 0, after every rank is done: the requeue ends the job at once."""
+    if not summary.get("requeue"):
+        return
+    from .runtime import slurm
+
+    job, ran = slurm.current_job(query=False), summary.get("slurm") or {}
+    if job is None or (job.job_id, job.proc_id) != (ran.get("job_id"), ran.get("proc_id")):
+        return  # another task of the step (another node) holds rank 0: it requeues
+    slurm.requeue(job)
 
 
 def rank_args(cfg: Config, resume: str, stop_after_steps: int | None, started: float, stop_at: float | None,
@@ -308,7 +325,10 @@ def _launched(cfg: Config, spec: LaunchSpec, args: list[str], stream_output: boo
     summary_path = cfg.run_dir / "run_summary.json"
     before = summary_path.stat().st_mtime if summary_path.exists() else None
     t0 = time.time()
-    rc = launch(spec, args, cfg.run_dir / "logs", cfg.run.name, output=sys.stdout if stream_output else None)
+    from .runtime.slurm import warning_signal
+
+    rc = launch(spec, args, cfg.run_dir / "logs", cfg.run.name, output=sys.stdout if stream_output else None,
+                signals=(warning_signal(cfg.train.slurm_signal),))
     if rc:
         raise LaunchFailed(f"the {spec.nproc}-process run failed (exit status {rc}); each rank's error is shown "
                            f"above and in {cfg.run_dir / 'logs'}", rc)

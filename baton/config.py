@@ -41,6 +41,8 @@ Precision = Literal["fp32", "bf16", "fp16", "auto"]
 Schedule = Literal["wsd", "cosine", "linear"]  # baton.model.schedule computes each
 ATTN_IMPLS: tuple[Attn, ...] = typing.get_args(Attn)
 SCHEDULES: tuple[str, ...] = typing.get_args(Schedule)
+# train.slurm_signal: each is a stop signal of the session, passed on by the launcher and by torchrun.
+WARNING_SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP")
 HUB_REPO = re.compile(r"[\w.-]+/[\w.-]+")  # owner/name, as the Hub spells repository ids
 HUB_TOKENIZER = re.compile(r"hf://([\w.-]+/[\w.-]+)(?:@([^\s@]+))?")  # data.tokenizer naming a Hub repository
 _BOUNDS = {"gt": (">", operator.gt), "ge": (">=", operator.ge), "lt": ("<", operator.lt), "le": ("<=", operator.le)}
@@ -264,6 +266,13 @@ class TrainConfig(_Section):
     max_rollbacks: int = opt(3, "rollbacks a run may make; one more spike ends the run", ge=0)
     eval_every: int = opt(0, "also evaluate the held-out windows every N steps (0 = only at the end of the run)",
                           ge=0)
+    requeue: Literal["auto", "off"] = opt("auto", "in a SLURM batch job: auto (a session stopped by time or a signal, "
+                                                  "the run not complete, requeues its job after the verified push) "
+                                                  "or off")
+    max_requeues: int = opt(20, "auto requeue stops once the job was requeued this many times "
+                                "(SLURM_RESTART_COUNT; 0 = never requeue)", ge=0)
+    slurm_signal: str = opt("USR1", "SLURM's warning signal (sbatch --signal=B:USR1@600): checkpoint and stop, as "
+                                    "on SIGTERM; " + " | ".join(WARNING_SIGNALS))
 
     def problems(self, cfg: Config) -> list[str]:
         out = []
@@ -284,6 +293,9 @@ class TrainConfig(_Section):
         if self.eval_every > 0 and cfg.data.val_windows == 0:  # else it would validate nothing, silently
             out.append(f"train.eval_every={self.eval_every} needs held-out windows: set data.val_windows > 0, or "
                        "train.eval_every = 0")
+        if self.slurm_signal.upper().removeprefix("SIG") not in WARNING_SIGNALS:  # USR1, SIGUSR1 and usr1 alike
+            out.append(f"train.slurm_signal={self.slurm_signal!r} is not one of {', '.join(WARNING_SIGNALS)} (the "
+                       "signal named in sbatch --signal=B:USR1@600)")
         return out
 
 

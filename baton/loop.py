@@ -137,7 +137,7 @@ def run(cfg: Config, resume: str = "auto", stop_after: int | None = None, progre
         allow_change: tuple[str, ...] = ()) -> dict[str, Any]:
     s = Session(cfg, resume=resume, stop_after=stop_after, progress=progress, deadline=deadline, started=started,
                 allow_change=allow_change)
-    outcome = "failed"
+    outcome, requeued = "failed", False
     try:
         if s.complete_pointer is not None:
             p, done = s.parts, s.complete_pointer
@@ -148,12 +148,13 @@ def run(cfg: Config, resume: str = "auto", stop_after: int | None = None, progre
             return {"complete": True, "steps_done": done.step, "total_steps": p.total_steps}
         summary = train(s)
         outcome = session_outcome(s, summary["steps_done"])
+        requeued = summary["requeue"]  # done by the process that started the session, once every rank is done
         return summary
     except BaseException as e:  # the ledger records why the session ended, then the error goes on
         outcome = f"failed: {type(e).__name__}: {e}"
         raise
     finally:
-        s.close(outcome)
+        s.close(outcome, requeued)
 
 
 def session_outcome(s: Session, step: int) -> str:

@@ -19,6 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # Variables that torch, transformers or huggingface_hub read once, at import: a zygote imported them already,
 # so a command that sets one differently from the zygote's environment starts a fresh interpreter.
 READ_AT_IMPORT = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "CUDA_", "OMP_", "MKL_")
+# A suite run inside a SLURM job must not train as that job's sessions (its end time as their budget, a requeue
+# of the job after a test's stop): the SLURM tests start a cluster of their own and set what their jobs need.
+for _name in [k for k in os.environ if k.startswith("SLURM_")]:
+    del os.environ[_name]
 # The test Hub serves the classic LFS path, and huggingface_hub reads this switch at import: set for every test,
 # so a test's commands and the zygote's agree on it.
 os.environ["HF_HUB_DISABLE_XET"] = "1"

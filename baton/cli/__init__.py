@@ -82,7 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="processes on this machine, one per GPU (launches torchrun when N > 1 or with --nnodes)")
     g = p.add_argument_group("multi-node (passed to torchrun; see docs/distributed.md)")
-    g.add_argument("--nnodes", default="1", metavar="N|MIN:MAX", help="number of nodes (default 1)")
+    g.add_argument("--nnodes", default="1", metavar="N|MIN:MAX|slurm",
+                   help="number of nodes (default 1); slurm: one task per node of an srun step, meeting at the "
+                        "step's first host (port 29400 + job id mod 1000, or --rdzv-endpoint's) under the job id "
+                        "(docs/slurm.md)")
     g.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
                    help="c10d rendezvous endpoint, the same on every node")
     g.add_argument("--rdzv-id", default=None, metavar="ID", help="job id shared by all nodes (default: run name)")
@@ -255,6 +258,15 @@ def cmd_train(args) -> int:
     from ..api import LaunchFailed, train
     from ..runtime.launch import LaunchSpec
 
+    if args.nnodes == "slurm":
+        from ..runtime.slurm import rendezvous
+
+        port = args.rdzv_endpoint.rpartition(":")[2] if args.rdzv_endpoint else None
+        if port is not None and not port.isdigit():
+            raise BatonError(f"--rdzv-endpoint {args.rdzv_endpoint!r} has no port: give HOST:PORT (with --nnodes "
+                             "slurm only the port is used)")
+        args.nnodes, args.rdzv_endpoint, slurm_id = rendezvous(port=int(port) if port else None)
+        args.rdzv_id = args.rdzv_id or slurm_id
     spec = LaunchSpec(nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
                       master_port=args.master_port, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
                       rdzv_backend=args.rdzv_backend, shutdown_timeout=args.shutdown_timeout)

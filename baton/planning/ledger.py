@@ -84,6 +84,10 @@ class LedgerRecord:
     data: dict[str, Any] | None = None  # where the data came from and how long the pull took (data.pull)
     startup_seconds: float | None = None  # command start to first step
     kind: str | None = None  # "preflight:<stage>" for a preflight stage's session
+    slurm_job: str | None = None  # the SLURM job it ran in (SLURM_JOB_ID); None outside SLURM
+    slurm_array_task: int | None = None  # its index in a job array (SLURM_ARRAY_TASK_ID)
+    slurm_restarts: int | None = None  # times the job had been requeued before this session (SLURM_RESTART_COUNT)
+    requeued: bool = False  # it ended by requeueing its SLURM job for the next session (train.requeue)
 
     @property
     def last_ts(self) -> float:
@@ -108,9 +112,13 @@ class LedgerRecord:
             v = d.get(key)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
                 raise ValueError(f"{key} is not a number")
-        for key in ("steps_from", "steps_to"):
+        for key in ("steps_from", "steps_to", "slurm_array_task", "slurm_restarts"):
             if d.get(key) is not None and type(d[key]) is not int:
-                raise ValueError(f"{key} is not a step")
+                raise ValueError(f"{key} is not a {'step' if key.startswith('steps') else 'whole number'}")
+        if d.get("slurm_job") is not None and not isinstance(d["slurm_job"], str):
+            raise ValueError("slurm_job is not a job id")
+        if not isinstance(d.get("requeued", False), bool):
+            raise ValueError("requeued is not true or false")
         booked = d.get("checkpoints") or []
         if not isinstance(booked, list) or not all(isinstance(c, dict) and type(c.get("step")) is int for c in booked):
             raise ValueError("checkpoints is not a list of checkpoint records")
@@ -133,7 +141,9 @@ class SessionLedger:
 
     def __init__(self, store: Store, run: str, started: float, device: str, accelerators: int,
                  bill_factor: float, tokens_per_step: int, deadline: float | None = None,
-                 heartbeat_every_s: float = 0.0, data: dict[str, Any] | None = None):
+                 heartbeat_every_s: float = 0.0, data: dict[str, Any] | None = None,
+                 slurm: tuple[str, int | None, int] | None = None):
+        """``slurm``: (job id, array index, requeues so far) of the SLURM job the session runs in."""
         self.store = store
         self.run = run
         self.id = new_session_id(started)
@@ -145,6 +155,8 @@ class SessionLedger:
             heartbeat=_iso_s(started), heartbeat_ts=started, tokens_per_step=tokens_per_step,
             deadline=_iso_s(deadline) if deadline else None, deadline_ts=deadline,
             heartbeat_every_s=heartbeat_every_s, data=data)
+        if slurm is not None:
+            self.rec.slurm_job, self.rec.slurm_array_task, self.rec.slurm_restarts = slurm
         self._last_write = 0.0
         self.ok = self._write()
 
@@ -185,8 +197,9 @@ class SessionLedger:
         self.rec.checkpoints.append(BookedCheckpoint(step, round(seconds, 3), verified, _iso_s(time.time())))
         self.heartbeat(step, stepping_seconds)
 
-    def end(self, outcome: str, step: int | None, stepping_seconds: float) -> None:
+    def end(self, outcome: str, step: int | None, stepping_seconds: float, requeued: bool = False) -> None:
         now = time.time()
+        self.rec.requeued = requeued
         if step is not None:
             self.progress(step, stepping_seconds, now)
         self.rec.ended, self.rec.ended_ts, self.rec.outcome = _iso_s(now), now, outcome

@@ -33,7 +33,7 @@ MAX_SESSIONS = 100_000
 
 
 def parse_hours(text: str | float, what: str = "duration") -> float:
-    """'9h', '90m', '45s', '1h30m' or a bare number of hours -> hours."""
+    """'9h', '90m', '45s', '1h30m', a bare number of hours, or a SLURM time limit ('2-00:00:00', '1:30:00') -> hours."""
     if isinstance(text, (int, float)):
         return _finite(float(text), text, what)
     s = text.strip().lower()
@@ -41,11 +41,37 @@ def parse_hours(text: str | float, what: str = "duration") -> float:
         return _finite(float(s), text, what)
     except ValueError:
         pass
+    if SLURM_TIME.fullmatch(s):
+        return parse_time_limit(s, what)
     parts = re.findall(r"(\d+(?:\.\d*)?|\.\d+)\s*(d|h|m|s)", s)
     if not parts or re.sub(r"(\d+(?:\.\d*)?|\.\d+)\s*(d|h|m|s)", "", s).strip():
-        raise BatonError(f"{what} {text!r} is not a duration (examples: 9h, 90m, 1h30m, 45s, 2.5)")
+        raise BatonError(f"{what} {text!r} is not a duration (examples: 9h, 90m, 1h30m, 45s, 2.5, or a SLURM time limit such as 2-00:00:00)")
     unit = {"d": 24.0, "h": 1.0, "m": 1 / 60, "s": 1 / 3600}
     return _finite(sum(float(n) * unit[u] for n, u in parts), text, what)
+
+
+# SLURM's time limit forms with a ':' or a '-' (a bare number is hours here, minutes to SLURM, so it is left out):
+# minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes, days-hours:minutes:seconds.
+SLURM_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+
+
+def parse_time_limit(text: str, what: str = "time limit") -> float:
+    """A SLURM time limit as sbatch --time and ``scontrol show job``'s TimeLimit write it -> hours.
+
+    '2-00:00:00' is 48 h, '1:30:00' 1.5 h, '45:00' 45 minutes, '1-12' 36 h; UNLIMITED is refused (no budget is
+    leaving the option out)."""
+    s = text.strip().lower()
+    m = SLURM_TIME.fullmatch(s)
+    if not m or (m.group(1) is None and m.group(3) is None):
+        raise BatonError(f"{what} {text!r} is not a SLURM time limit (examples: 2-00:00:00, 1-12, 12:00:00, 90:00)")
+    days, a, b, c = (int(g) if g is not None else None for g in m.groups())
+    if days is not None:  # days-hours[:minutes[:seconds]]
+        seconds = days * 86400 + (a or 0) * 3600 + (b or 0) * 60 + (c or 0)
+    elif c is not None:  # hours:minutes:seconds
+        seconds = (a or 0) * 3600 + (b or 0) * 60 + c
+    else:  # minutes:seconds
+        seconds = (a or 0) * 60 + (b or 0)
+    return _finite(seconds / HOUR, text, what)
 
 
 def _finite(value: float, text: object, what: str) -> float:

@@ -100,7 +100,9 @@ class Context:
 
     def train_leg(self, stage: str, steps: int, stop_after: int, resumed: bool = False) -> subprocess.CompletedProcess:
         """One session as a fresh process; ``resumed`` legs also get the planned between-session changes."""
-        args = ["train", "-c", self.config_path, "--no-progress", "--stop-after-steps", str(stop_after)]
+        # A scratch session never requeues the SLURM job that runs the preflight.
+        args = ["train", "-c", self.config_path, "--no-progress", "--stop-after-steps", str(stop_after),
+                "--set", "train.requeue=off"]
         for o in self.leg_overrides(stage, steps) + (self.resume_overrides if resumed else []):
             args += ["--set", o]
         return self.baton(*args)

@@ -118,9 +118,11 @@ def _torchrun_options() -> frozenset[str]:
     return frozenset(o for a in get_args_parser()._actions for o in a.option_strings)
 
 
-def torchrun_command(spec: LaunchSpec, train_args: list[str], run_name: str = "baton") -> list[str]:
+def torchrun_command(spec: LaunchSpec, train_args: list[str], run_name: str = "baton",
+                     signals: tuple[int, ...] = ()) -> list[str]:
     """The torchrun command line (through ``agent``): the command-line *module* running ``train``
-    (``-m baton.cli train``), never a script path."""
+    (``-m baton.cli train``), never a script path. ``signals``: stop signals beyond the usual ones (SLURM's
+    warning signal, train.slurm_signal)."""
     cmd = [sys.executable, "-m", "baton.runtime.agent", "--nproc-per-node", str(spec.nproc)]
     if not spec.multi_node:
         cmd.append("--standalone")  # a free port of its own: two runs on one machine do not collide
@@ -135,7 +137,8 @@ def torchrun_command(spec: LaunchSpec, train_args: list[str], run_name: str = "b
     if "--max-restarts" in opts:
         cmd += ["--max-restarts", "0"]  # a failed rank ends the session; the next one resumes from the store
     if "--signals-to-handle" in opts:
-        cmd += ["--signals-to-handle", TORCHRUN_SIGNALS]
+        extra = [signal.Signals(s).name for s in signals if signal.Signals(s).name not in TORCHRUN_SIGNALS.split(",")]
+        cmd += ["--signals-to-handle", ",".join([TORCHRUN_SIGNALS, *extra])]
     if "--shutdown-timeout" in opts:
         cmd += ["--shutdown-timeout", str(spec.shutdown_timeout)]
     return [*cmd, "-m", "baton.cli", "train", *train_args]
@@ -227,7 +230,7 @@ def failure_report(ranks: list[RankLog], log_dir: Path, nproc: int, rc: int) -> 
 
 
 def launch(spec: LaunchSpec, train_args: list[str], log_dir: Path, run_name: str = "baton",
-           output: TextIO | None = None) -> int:
+           output: TextIO | None = None, signals: tuple[int, ...] = ()) -> int:
     """Run torchrun to completion; return 0 when every rank ended cleanly, else a failure status.
 
     With ``output``, torchrun's and the ranks' stdout and stderr are copied into it as they come (a
@@ -235,7 +238,7 @@ def launch(spec: LaunchSpec, train_args: list[str], log_dir: Path, run_name: str
     ranks write to this process's terminal directly.
     """
     spec.check()
-    cmd = torchrun_command(spec, train_args, run_name)
+    cmd = torchrun_command(spec, train_args, run_name, signals)
     log.info("launching: %s", " ".join(cmd))
     before = log_sizes(log_dir)
     # A session of its own: signals reach torchrun once, from here, not also from the terminal.
@@ -257,7 +260,7 @@ def launch(spec: LaunchSpec, train_args: list[str], log_dir: Path, run_name: str
         except ProcessLookupError:
             pass
 
-    old = {s: signal.signal(s, forward) for s in FORWARDED}
+    old = {s: signal.signal(s, forward) for s in (*FORWARDED, *(s for s in signals if s not in FORWARDED))}
     try:
         rc = proc.wait()
         if copier is not None:

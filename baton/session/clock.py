@@ -119,6 +119,10 @@ def session_clock(cfg: Config, session_start: float | None, session_hours: float
         hours = cfg.budget.session_hours  # 0 in the config: no budget
     if hours:
         deadlines.append(started + hours * HOUR)
+    elif session_start is None:  # a launched rank has the launcher's deadline already
+        end = slurm_end_time()
+        if end is not None:
+            deadlines.append(end)
     if deadline:
         deadlines.append(parse_instant(deadline, "--deadline").timestamp())
     stop_at = min(deadlines) if deadlines else None
@@ -136,6 +140,21 @@ def session_clock(cfg: Config, session_start: float | None, session_hours: float
     return started, stop_at
 
 
+def slurm_end_time() -> float | None:
+    """When the SLURM job this process runs in ends (None outside SLURM, or for a job without a time limit)."""
+    from ..runtime.slurm import current_job
+
+    job = current_job()
+    if job is None:
+        return None
+    if job.end_ts is None:
+        log.info("SLURM job %s: no end time known (no time limit): no time budget from it", job.job_id)
+        return None
+    log.info("time budget: SLURM job %s ends %s (set --session-hours or budget.session_hours to stop sooner)",
+             job.job_id, datetime.fromtimestamp(job.end_ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    return job.end_ts
+
+
 # A repeat of the stop signal this soon after the first is the same request delivered twice (to the process
 # group by the platform and once more by a launcher that forwards it).
 DUPLICATE_SIGNAL_S = 2.0
@@ -144,11 +163,12 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
 
 
 class StopSignals:
-    """SIGTERM, SIGINT, SIGUSR1 (and SIGHUP) set a flag the loop reads at each step boundary; a second
+    """SIGTERM, SIGINT, SIGUSR1 (and SIGHUP, and SLURM's warning signal) set a flag the loop reads at each step boundary; a second
     signal (after the duplicate window) restores the default action and re-raises it: the process ends at
     once."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra: tuple[int, ...] = ()) -> None:
+        self.signals = (*STOP_SIGNALS, *(s for s in extra if s not in STOP_SIGNALS))  # extra: train.slurm_signal
         self.signum: int | None = None
         self.at = 0.0
         self._old: dict[int, Any] = {}
@@ -167,7 +187,7 @@ class StopSignals:
 
     def install(self) -> None:
         try:
-            for s in STOP_SIGNALS:
+            for s in self.signals:
                 if s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN:
                     continue
                 self._old[s] = signal.signal(s, self._handler)

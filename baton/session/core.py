@@ -31,6 +31,7 @@ from ..model.optimizer import build_optimizer
 from ..planning.ledger import checkpoint_seconds, read_ledger
 from ..runtime import dist
 from ..runtime.memory import rss_peak
+from ..runtime.slurm import warning_signal
 from ..tracking import Trackers, check_installed, open_trackers
 from ..tracking.trackers import read_rows
 from . import parts as session_parts
@@ -72,7 +73,7 @@ class Session:
         # From the start, not after the resume: a preemption signal while the data and the checkpoint are
         # pulled (minutes, for a large run) would otherwise kill the process at once, with no ledger end and
         # a nonzero exit. With the flag set, the session stops at its first boundary and exits 0.
-        self._signals = StopSignals()
+        self._signals = StopSignals((warning_signal(cfg.train.slurm_signal),))
         self._signals.install()
         try:
             self._setup(cfg, resume, stop_after, deadline)
@@ -263,13 +264,14 @@ class Session:
         log.info("checkpoint cadence: %s", cadence.reason)
         return cadence.minutes
 
-    def end_ledger(self, outcome: str) -> None:
+    def end_ledger(self, outcome: str, requeued: bool = False) -> None:
         ledger = self.parts.ledger
         if ledger is not None and self._ledger_open:
             self._ledger_open = False
             budget = getattr(self, "budget", None)
             state = getattr(self, "state", None)
-            ledger.end(outcome, state.step if state else None, budget.stepping_seconds if budget else 0.0)
+            ledger.end(outcome, state.step if state else None, budget.stepping_seconds if budget else 0.0,
+                       requeued)
 
     # ---------------------------------------------------------------------------- bookkeeping
     def record(self, step: int, m: dict[str, Any]) -> None:
@@ -320,9 +322,9 @@ class Session:
         every = self.parts.cfg.train.ckpt_every
         return bool(every) and step % every == 0 and step < self.parts.stop_step
 
-    def close(self, outcome: str = "ended") -> None:
+    def close(self, outcome: str = "ended", requeued: bool = False) -> None:
         self.checkpointer.close()
-        self.end_ledger(outcome)
+        self.end_ledger(outcome, requeued)
         if self._bar is not None:
             self._bar.close()
         if self.trackers is not None:

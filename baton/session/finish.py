@@ -17,7 +17,7 @@ from ..data.prepare import TOKENIZER_FILE
 from ..errors import BatonError, StoreError
 from ..evaluate.heldout import eval_micro_batch, window_losses
 from ..model.optimizer import split_summary
-from ..runtime import dist
+from ..runtime import dist, slurm
 from ..runtime.memory import rss_peak
 from ..versions import versions
 
@@ -184,7 +184,28 @@ def summary(s: Session, tokens_per_s: float) -> dict[str, Any]:
         "seconds": round(time.time() - s.t_start, 3),
         "config": p.cfg.to_dict(),
         "versions": versions(),
+        **requeue_plan(s),
     }
+
+
+def requeue_plan(s: Session) -> dict[str, Any]:
+    """The summary's ``slurm`` (the job's ids) and ``requeue`` (whether the process that started the session
+    requeues the job once every rank is done: ``runtime.slurm``). Decided on rank 0, which also asks the
+    controller whether SLURM brings the job back by itself already (preemption, an outside requeue)."""
+    job = slurm.current_job(query=s.parts.dist.is_main)
+    if job is None:
+        return {"slurm": None, "requeue": False}
+    t = s.parts.cfg.train
+    wanted, why = slurm.requeue_decision(t.requeue, t.max_requeues, job, s.state.stopped_by, s.state.step,
+                                         s.parts.total_steps, s.state.resumed_from or 0)
+    if wanted and s.parts.dist.is_main:
+        fields = slurm.show_job(job.job_id, strict=False)
+        already = slurm.already_requeued(job, fields) if fields else None
+        if already:
+            wanted, why = False, already
+    if s.parts.dist.is_main:
+        log.info("SLURM job %s: %s (%s)", job.job_id, "requeue" if wanted else "no requeue", why)
+    return {"slurm": job.to_dict(), "requeue": wanted}
 
 def write_summary(s: Session, summary: dict[str, Any]) -> None:
     p = s.parts

@@ -27,6 +27,7 @@ from ..runtime import attention, autotune, determinism, dist, logs, memory
 from ..runtime.device import pick_device, rank_device
 from ..runtime.flops import FlopsInfo, session_flops
 from ..runtime.parallel import Parallel
+from ..runtime.slurm import current_job
 from ..store import RetryPolicy, Store, open_store
 from .drift import check_before_pull, tokenizer_sha256
 
@@ -191,7 +192,9 @@ def _open_ledger(cfg: Config, store: Store, info: dist.DistInfo, device: torch.d
     if not info.is_main:
         return None
     b = cfg.budget
+    job = current_job(query=False)  # the environment's ids; the end time is the clock's (session.clock)
     return SessionLedger(store, cfg.run.name, started, device=str(device), accelerators=info.world,
                          bill_factor=b.bill_factor or float(info.world), tokens_per_step=cfg.tokens_per_step,
                          deadline=deadline, heartbeat_every_s=b.heartbeat_minutes * 60,
-                         data=source.to_dict() if source else None)
+                         data=source.to_dict() if source else None,
+                         slurm=(job.job_id, job.array_task_id, job.restart_count) if job else None)

@@ -28,7 +28,8 @@ def plan_options(p) -> None:
     g.add_argument("--measured-rate", default=None, metavar="TOK/S",
                    help="the rate to check the tripwires against (default: the ledger's last measured rate)")
     g = p.add_argument_group("sessions (default: the config's [budget])")
-    g.add_argument("--session-hours", default=None, metavar="H", help="the platform's session limit")
+    g.add_argument("--session-hours", default=None, metavar="H",
+                   help="the platform's session limit: 12h, 90m, or a SLURM time limit such as 2-00:00:00")
     g.add_argument("--margin", default=None, metavar="M", help="kept free per session: 30%%, 45m, 2.7h")
     g.add_argument("--startup", default=None, metavar="D", help="per session before the first step, e.g. 5m")
     g.add_argument("--ckpt-seconds", type=finite_float(0.0), default=None, metavar="S",
