@@ -35,9 +35,15 @@ class PathError(BatonError):
     """A path of the wrong kind, in the wrong place, or on a disk that cannot take a write."""
 
 
+def escaped(text: str, keep: str = "") -> str:
+    """``text`` with every character a terminal would not print as itself (control and format characters,
+    undecodable bytes) written as its escape; those in ``keep`` stay."""
+    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
+
+
 def shown(value: object, limit: int = 200) -> str:
-    """A value as an error line prints it: control characters (and undecodable bytes) escaped, long ones cut."""
-    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(value))
+    """A value as an error line prints it: escaped, long ones cut."""
+    text = escaped(str(value))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import BatonError
-from ..guard import check_environment, count, finite_float
+from ..guard import check_environment, count, escaped, finite_float
 
 log = logging.getLogger("baton")
 
@@ -207,9 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     except BatonError as e:
         # Every rank prints its own error, ranks other than 0 saying which they are; under baton's launcher,
         # which prints each different error once when the ranks are done, only to the log.
+        # Escaped here, whatever raised it: a value quoted in a message never reaches the terminal raw (the
+        # lines of a config's list of problems stay lines).
+        message = escaped(str(e), keep="\n")
         if not os.environ.get(logs.LAUNCHED):
-            print(f"{f'[rank {rank}] ' if rank else ''}baton: error: {e}", file=sys.stderr)
-        logs.file_only(logging.ERROR, f"baton: error: {e}")
+            print(f"{f'[rank {rank}] ' if rank else ''}baton: error: {message}", file=sys.stderr)
+        logs.file_only(logging.ERROR, f"baton: error: {message}")
         status = 2
     except KeyboardInterrupt:
         print("baton: interrupted", file=sys.stderr)

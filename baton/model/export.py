@@ -86,11 +86,11 @@ def checkpoint_model(cfg, source: str, tmp: Path, step: int | None = None) -> tu
     else:
         if step is not None:
             raise BatonError("--step picks a checkpoint in the store; it cannot be combined with --from FOLDER")
-        from ..guard import path_value
+        from ..guard import path_value, shown
 
         folder = path_value(source, "--from", "use 'store' or a folder")
         if not folder.is_dir():
-            raise BatonError(f"--from {source}: no such checkpoint folder (use 'store' or a folder)")
+            raise BatonError(f"--from {shown(source)}: no such checkpoint folder (use 'store' or a folder)")
     state = read_state(folder)
     if step is not None and state.step != step:
         raise BatonError(f"the checkpoint at step {step} holds the state of step {state.step}: the store is damaged")

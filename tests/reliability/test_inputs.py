@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path, PurePath
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import baton
@@ -139,6 +139,7 @@ def test_any_string_for_a_path_flag_is_taken_or_refused_in_one_line_with_nothing
 
     @FEW
     @given(value=ANY_TEXT.filter(lambda v: not v.startswith("-")))  # argparse reads "-x" as a flag
+    @example(value="\xad")  # a format character (a soft hyphen), not printable: once printed raw
     def prop(value):
         before = _snapshot(w)
         o = run_in_process(_flag_argv(flag, value, cfg, w), capsys)
