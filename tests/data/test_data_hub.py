@@ -21,6 +21,7 @@ import pytest
 from baton.config import load_config
 from baton.data.prepare import prepare
 from baton.errors import DataError
+from support.kills import kill_when
 from support.mixdata import stdlib_documents
 
 DOCS = stdlib_documents(0, 90)
@@ -329,10 +330,8 @@ def _on_disk(folder: Path) -> int:
 def test_a_streaming_prepare_killed_mid_tokenize_and_mid_download_continues_to_the_same_bytes(hub, tmp_path,
                                                                                               tokenizer_file):
     import os
-    import signal
     import subprocess
     import sys
-    import time
 
     lines = stdlib_lines(8 * 800)
     files = {f"data/part-{k:03d}.parquet": parquet_bytes(lines[k * 800:(k + 1) * 800], k * 800) for k in range(8)}
@@ -356,17 +355,7 @@ def test_a_streaming_prepare_killed_mid_tokenize_and_mid_download_continues_to_t
 
     def run_until(done) -> int:
         """Start a prepare, SIGKILL it once ``done()``; the file its journal continues from."""
-        p = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             start_new_session=True)
-        try:
-            deadline = time.time() + 240
-            while not done() and time.time() < deadline:
-                assert p.poll() is None, f"prepare ended before it could be interrupted: {p.stderr.read().decode()}"
-                time.sleep(0.005)
-            os.kill(p.pid, signal.SIGKILL)
-        finally:
-            p.wait()
-        assert p.returncode == -signal.SIGKILL
+        kill_when(cmd, done, root, env)
         assert _on_disk(streaming) <= 2 + 1  # the file being read, the one fetched ahead (+ one cut short)
         return _journal_file(journal)
 
@@ -393,35 +382,34 @@ def test_a_streaming_prepare_killed_mid_tokenize_and_mid_download_continues_to_t
     assert [f["sha256"] for f in m["sources"][0]["hub"]["files"]] == list(oids)
 
 
-def test_hub_fields_and_tokenizers_are_checked_where_the_config_is_read(tmp_path):
+@pytest.mark.parametrize(("toml", "message"), [
+    ('[data]\ntokenizer = "hf://just-a-name"\n[[data.sources]]\nkind = "hub"\npath = "x"\nprefetch = -1\n'
+     '[[data.sources]]\nkind = "jsonl"\npath = "x.jsonl"\nrepo = "a/b"\n',
+     "invalid config (6 problems):\n"
+     "  - data.sources[0].prefetch must be >= 0, got -1\n"
+     "  - data.sources[0] (hub) needs repo = \"owner/name\" (a Hub dataset repository), got ''\n"
+     "  - data.sources[0] (hub) needs files = \"...\", a glob of the repository's files (e.g. \"data/*.parquet\"), "
+     "or config = \"...\", a config its README.md declares\n"
+     "  - data.sources[0] (hub) takes repo and files, not path (path names local files)\n"
+     "  - data.sources[1] (jsonl) reads local files: repo, files, config and split are for kind = \"hub\"\n"
+     "  - data.tokenizer='hf://just-a-name' must name a Hub repository as hf://owner/name or "
+     "hf://owner/name@revision"),
+    ('[[data.sources]]\nkind = "hub"\nrepo = "a/b"\nfiles = "*.parquet"\nconfig = "c"\n'
+     '[[data.sources]]\nkind = "hub"\nrepo = "a/b"\nfiles = "*.parquet"\nsplit = "test"\n',
+     "invalid config (2 problems):\n"
+     "  - data.sources[0] (hub) takes files or config, not both (files: a glob of the repository's files; config: "
+     "one its README.md declares)\n"
+     "  - data.sources[1].split = 'test' selects a split of a config: set config too (with files, the glob alone "
+     "selects)"),
+], ids=["fields", "files-and-config"])
+def test_hub_fields_and_tokenizers_are_checked_where_the_config_is_read(tmp_path, toml, message):
     from baton.errors import ConfigError
 
     bad = tmp_path / "bad.toml"
-    bad.write_text('[data]\ntokenizer = "hf://just-a-name"\n[[data.sources]]\nkind = "hub"\npath = "x"\n'
-                   'prefetch = -1\n[[data.sources]]\nkind = "jsonl"\npath = "x.jsonl"\nrepo = "a/b"\n')
+    bad.write_text(toml)
     with pytest.raises(ConfigError) as e:
         load_config(bad)
-    assert str(e.value) == (
-        "invalid config (6 problems):\n"
-        "  - data.sources[0].prefetch must be >= 0, got -1\n"
-        "  - data.sources[0] (hub) needs repo = \"owner/name\" (a Hub dataset repository), got ''\n"
-        "  - data.sources[0] (hub) needs files = \"...\", a glob of the repository's files (e.g. \"data/*.parquet\"), "
-        "or config = \"...\", a config its README.md declares\n"
-        "  - data.sources[0] (hub) takes repo and files, not path (path names local files)\n"
-        "  - data.sources[1] (jsonl) reads local files: repo, files, config and split are for kind = \"hub\"\n"
-        "  - data.tokenizer='hf://just-a-name' must name a Hub repository as hf://owner/name or "
-        "hf://owner/name@revision")
-    both = tmp_path / "both.toml"
-    both.write_text('[[data.sources]]\nkind = "hub"\nrepo = "a/b"\nfiles = "*.parquet"\nconfig = "c"\n'
-                    '[[data.sources]]\nkind = "hub"\nrepo = "a/b"\nfiles = "*.parquet"\nsplit = "test"\n')
-    with pytest.raises(ConfigError) as e:
-        load_config(both)
-    assert str(e.value) == (
-        "invalid config (2 problems):\n"
-        "  - data.sources[0] (hub) takes files or config, not both (files: a glob of the repository's files; config: "
-        "one its README.md declares)\n"
-        "  - data.sources[1].split = 'test' selects a split of a config: set config too (with files, the glob alone "
-        "selects)")
+    assert str(e.value) == message
 
 
 def test_the_fineweb_reference_recipe_validates_and_caps_at_1_1b_tokens():

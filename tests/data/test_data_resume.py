@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import filecmp
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 from baton.config import load_config
 from baton.data.journal import JOURNAL
 from baton.data.prepare import prepare
+from support.kills import kill_when
 from support.mixdata import write_mix_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,24 +25,13 @@ def _prepare_cmd(cfg: Path, workers: int) -> list[str]:
 
 def _kill_after(cfg: Path, journal: Path, records: int, workers: int) -> int:
     """Start a prepare, SIGKILL it once the journal holds ``records`` shard lines; return the lines seen."""
-    p = subprocess.Popen(_prepare_cmd(cfg, workers), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                         start_new_session=True)
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if journal.is_file() and journal.read_bytes().count(b"\n") >= records + 1:
-                break
-            assert p.poll() is None, f"prepare ended before it could be interrupted: {p.stderr.read().decode()}"
-            time.sleep(0.002)
-        os.kill(p.pid, signal.SIGKILL)
-    finally:
-        p.wait()
-    assert p.returncode == -signal.SIGKILL
+    group = kill_when(_prepare_cmd(cfg, workers),
+                      lambda: journal.is_file() and journal.read_bytes().count(b"\n") >= records + 1, ROOT)
     # The encoding workers notice their parent is gone and exit on their own.
     deadline = time.time() + 20
-    while time.time() < deadline and _group_alive(p.pid):
+    while time.time() < deadline and _group_alive(group):
         time.sleep(0.1)
-    assert not _group_alive(p.pid), "worker processes outlived the killed prepare"
+    assert not _group_alive(group), "worker processes outlived the killed prepare"
     return journal.read_bytes().count(b"\n") - 1
 
 

@@ -217,13 +217,19 @@ def check_a_job_shorter_than_the_run_requeues_itself_until_the_run_is_complete(j
     assert_same_final_state(jobs.base("short") / "store", reference)
 
 
+def assert_ended_on_a_verified_checkpoint(session) -> None:
+    """A stopped session's last checkpoint is verified and at the step it stopped at: the next one resumes there."""
+    assert session.checkpoints and session.checkpoints[-1].verified
+    assert session.checkpoints[-1].step == session.steps_to
+
+
 def check_usr1_mid_run_checkpoints_requeues_and_resumes_exactly(jobs, reference):
     job, end, out = jobs.wait("usr1")
     assert jobs.signalled["usr1"] == "scancel --signal=USR1 --batch"
     assert end["JobState"] == "COMPLETED" and end["Restarts"] == "1", out
     first, last = sessions(jobs.base("usr1") / "store")
     assert first.outcome == "stopped: SIGUSR1" and first.requeued is True
-    assert first.checkpoints and first.checkpoints[-1].verified and first.checkpoints[-1].step == first.steps_to
+    assert_ended_on_a_verified_checkpoint(first)
     assert 3 <= first.steps_to < 20
     assert (last.steps_from, last.steps_to, last.outcome, last.requeued) == (first.steps_to, 20, "completed", False)
     assert_same_final_state(jobs.base("usr1") / "store", reference)
@@ -235,7 +241,7 @@ def check_an_outside_requeue_checkpoints_and_is_not_requeued_twice(jobs, referen
     assert end["JobState"] == "COMPLETED" and end["Restarts"] == "1", out
     first, last = sessions(jobs.base("outside") / "store")
     assert first.outcome == "stopped: SIGTERM" and first.requeued is False
-    assert first.checkpoints and first.checkpoints[-1].verified and first.checkpoints[-1].step == first.steps_to
+    assert_ended_on_a_verified_checkpoint(first)
     assert (last.steps_from, last.steps_to, last.outcome) == (first.steps_to, 20, "completed")
     assert f"SLURM job {job}: no requeue (SLURM requeued job {job} already (Restarts=1))" in out
     assert_same_final_state(jobs.base("outside") / "store", reference)
