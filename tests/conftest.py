@@ -35,6 +35,17 @@ import transformers.models.llama.modeling_llama  # noqa: E402,F401  (isort: afte
 START_ENV = dict(os.environ)
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Each test ends with the environment it started with, whatever it or a library it imported set (lm_eval's
+    import sets HF_XET_HIGH_PERFORMANCE). A READ_AT_IMPORT variable left behind would make every later command on
+    that worker start a fresh interpreter instead of forking the zygote."""
+    before = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(before)
+
+
 def pytest_collection_modifyitems(items):
     """The slow end-to-end tests first: spread over workers (pytest-xdist), they then run beside the rest
     instead of after it. A stable sort, so the order is otherwise the collection order on every worker."""

@@ -170,7 +170,7 @@ def store_digest(root: Path) -> str:
     return h.hexdigest()
 
 
-def test_interrupted_publish_is_finished_by_a_rerun(published, hub_server, tmp_path):
+def test_interrupted_publish_is_finished_by_a_rerun(published, hub_server, tmp_path, monkeypatch):
     """SIGKILL after the files are verified, before the card; then a store failing mid-upload of a new step over
     a published one: no card is ever shown over files it does not name, a rerun finishes, the store is untouched."""
     from baton.config import load_config
@@ -198,7 +198,8 @@ def test_interrupted_publish_is_finished_by_a_rerun(published, hub_server, tmp_p
         files = b.hub.files(b.repo)
         assert MODEL_FILES <= set(files) and "README.md" not in files
 
-        os.environ.update(env)  # the client reads the endpoint and token from the environment, as in production
+        for name, value in env.items():  # the client reads the endpoint and token from the environment, as in production
+            monkeypatch.setenv(name, value)
         c = load_config(cfg, [f"publish.url=hf://{b.repo}", "store.retries=2", "store.retry_seconds=1"])
         assert publish(c, 10)["step"] == 10
         assert "step 10" in b.hub.read(b.repo, "README.md").decode()
