@@ -31,10 +31,10 @@ def test_tiny_default_trains_to_a_useful_loss_and_a_rerun_finds_it_complete(tmp_
 
     summary = json.loads((tmp_path / "runs" / "tiny" / "run_summary.json").read_text())
     vocab = json.loads((tmp_path / "data" / "tiny" / "manifest.json").read_text())["tokenizer"]["vocab_size"]
-    assert summary["steps_done"] == summary["total_steps"] == 200
+    assert summary["steps_done"] == summary["total_steps"] == 100
     assert summary["val_loss"] <= math.log(vocab) - 2.0, summary["val_loss"]
     pointer = json.loads((tmp_path / "store" / "tiny" / "latest.json").read_text())
-    assert pointer["complete"] and pointer["step"] == 200 and pointer["final"]["path"] == "final"
+    assert pointer["complete"] and pointer["step"] == 100 and pointer["final"]["path"] == "final"
 
     again = demo("train")
     assert "is complete" in again.stderr and "Nothing to do" in again.stderr
