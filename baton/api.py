@@ -135,10 +135,9 @@ def checked(fn: Any) -> Any:
                                   f"{type(value).__name__} {shown(repr(value), 80)}")
             bound.arguments[name] = got
             if type(got).__name__ == "Config" and hints[name] is not Any:
-                from .config import config_from_dict
                 from .guard import check_layout
 
-                config_from_dict(got.to_dict())  # every field's type and value again, as a file's are
+                got.validate()  # every field's type and value again, as a file's are: it may have been changed in place
                 check_layout(got)
         return fn(*bound.args, **bound.kwargs)
 

@@ -464,7 +464,8 @@ class Config:
         # A path or URL no file system or urllib takes is named alone too: later checks would trip on it.
         from .guard import config_problems
 
-        problems = _nonfinite_problems(self) or config_problems(self) or [*_field_problems(self), *(
+        problems = _type_problems(self) or _nonfinite_problems(self) or config_problems(self) or [
+            *_field_problems(self), *(
             p for f in dataclasses.fields(self) for p in getattr(self, f.name).problems(self))]
         if problems:
             raise ConfigError(_format(problems))
@@ -637,6 +638,23 @@ def _leaves(obj: Any, where: str = "") -> Iterator[tuple[str, Any, Any, dataclas
                 yield from _leaves(item, f"{key}[{i}]")
         else:
             yield key, hints[f.name], value, f
+
+
+def _type_problems(cfg: Config) -> list[str]:
+    """Every value has its field's type, by the loader's own rule: a config built in code or changed in place
+    (``cfg.model.hidden = "x"``) is held to what a file is. Said alone: the other rules compare and divide."""
+    problems: list[str] = []
+    for key, tp, value, _ in _leaves(cfg):
+        (item,) = typing.get_args(tp) if typing.get_origin(tp) is list else (tp,)
+        if not (isinstance(item, type) and dataclasses.is_dataclass(item)):
+            _coerce(tp, value, key, problems)
+        elif tp is item or not isinstance(value, list):  # a section, or the list of them, is not a table here
+            problems.append(f"{key} must be {'a list of ' if tp is not item else 'a '}{item.__name__}, got "
+                            f"{type(value).__name__}")
+        else:
+            problems += [f"{key}[{i}] must be a {item.__name__}, got {type(v).__name__}"
+                         for i, v in enumerate(value) if not isinstance(v, item)]
+    return problems
 
 
 def _nonfinite_problems(cfg: Config) -> list[str]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 
 import pytest
@@ -56,6 +57,29 @@ def test_a_value_beyond_a_declared_bound_is_refused(key, kind, bound, tp):
 @pytest.mark.parametrize("key", CHOICES)
 def test_a_value_outside_a_fields_choices_is_refused(key):
     assert f"{key}='nope' is " in _problems(_set(key, "nope"))
+
+
+def _wrong_type(tp: object) -> object:
+    """A value of a type the field does not take: a string for a list (never iterated letter by letter), a
+    number for text, text for a number, a list for a number-or-keyword."""
+    if typing.get_origin(tp) is list:
+        return "notes.txt"
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return [1]
+    return 12 if tp is str or typing.get_origin(tp) is typing.Literal else "12"
+
+
+@pytest.mark.parametrize("where, f, tp", FIELDS, ids=[f"{where}.{f.name}" for where, f, _ in FIELDS])
+def test_a_field_set_in_place_to_a_wrong_type_is_a_config_error(where, f, tp):
+    value = _wrong_type(tp)
+    assert _problems(_set(f"{where}.{f.name}", value)).startswith(f"invalid config: {where}.{f.name} "), value
+
+
+@pytest.mark.parametrize("section", [name for name, _ in SECTIONS if "." not in name])
+def test_a_section_replaced_by_a_table_is_a_config_error(section):
+    cfg = Config()
+    setattr(cfg, section, {})
+    assert _problems(cfg).startswith(f"invalid config: {section} must be a ")
 
 
 def test_problems_come_in_field_order_then_the_cross_field_rules():
