@@ -46,13 +46,6 @@ def _environment_restored():
     os.environ.update(before)
 
 
-def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: one worker more than the cores. A good part of the suite waits (the SLURM jobs run in slurmd
-    for minutes, commands start, servers answer, kills wait for their moment), and with one worker per core a
-    core sits idle through each wait."""
-    return len(os.sched_getaffinity(0)) + 1
-
-
 def pytest_collection_modifyitems(items):
     """The slow end-to-end tests first: spread over workers (pytest-xdist), they then run beside the rest
     instead of after it. A stable sort, so the order is otherwise the collection order on every worker."""
