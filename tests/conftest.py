@@ -23,9 +23,6 @@ READ_AT_IMPORT = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "
 # of the job after a test's stop): the SLURM tests start a cluster of their own and set what their jobs need.
 for _name in [k for k in os.environ if k.startswith("SLURM_")]:
     del os.environ[_name]
-# One worker per core (pytest-xdist): a torch thread pool per core in each worker, and in each command it starts,
-# would oversubscribe the cores. Set before torch is imported (below), so the zygote and every command inherit it.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The test Hub serves the classic LFS path, and huggingface_hub reads this switch at import: set for every test,
 # so a test's commands and the zygote's agree on it.
 os.environ["HF_HUB_DISABLE_XET"] = "1"
