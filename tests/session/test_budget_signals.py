@@ -51,7 +51,10 @@ def test_time_budget_stops_in_time_and_the_next_session_continues(make_config, b
     first = baton_cli("train", "-c", cfg, "--no-progress", "--session-hours", f"{budget}s",
                       "--set", "train.steps=1000000", "--set", "budget.margin_minutes=0.04",
                       "--set", "budget.ckpt_minutes=0.01", "--set", "budget.ckpt_seconds=1", check=True,
-                      fresh=True)  # a new interpreter: the clock must start before the imports
+                      fresh=True,  # a new interpreter: the clock must start before the imports
+                      # Each step waits a fifth of a second before it runs: the budget is spent waiting, not on
+                      # thousands of steps that take a core from the tests beside this one.
+                      env={"BATON_FAULT_PAUSE": "step=0.2"})
     summary = json.loads((run_dir / "run_summary.json").read_text())
     n = summary["steps_done"]
     assert summary["stopped_by"] == "time budget" and 0 < n < 1_000_000
