@@ -46,10 +46,40 @@ def _environment_restored():
     os.environ.update(before)
 
 
+_CAMPAIGN = None
+
+
+def pytest_sessionstart(session):
+    """Under pytest-xdist, the controller submits the SLURM tests' jobs before the workers start
+    (support/slurm_jobs.py): minutes of jobs that mostly wait then run beside the other tests, not on a worker
+    that waits for them."""
+    global _CAMPAIGN
+    from support.slurm_jobs import Campaign
+
+    if Campaign.wanted(session.config):
+        _CAMPAIGN = Campaign()
+        _CAMPAIGN.start(session.config, session.config._tmp_path_factory.mktemp("slurm-campaign"))
+
+
+def pytest_sessionfinish(session):
+    if _CAMPAIGN is not None:
+        _CAMPAIGN.stop()
+
+
 def pytest_collection_modifyitems(items):
     """The slow end-to-end tests first: spread over workers (pytest-xdist), they then run beside the rest
-    instead of after it. A stable sort, so the order is otherwise the collection order on every worker."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    instead of after it. The check of jobs submitted at the start (pytest_sessionstart) goes last instead: its
+    jobs run meanwhile. A stable sort, so the order is otherwise the collection order on every worker."""
+    from support.slurm_jobs import CAMPAIGN_ENV
+
+    early = CAMPAIGN_ENV in os.environ
+
+    def rank(item) -> int:
+        if early and item.get_closest_marker("slurm"):
+            return 2
+        return 0 if item.get_closest_marker("slow") else 1
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(scope="session")

@@ -2,21 +2,27 @@
 
 On a machine without SLURM the packages are installed with apt-get when the tests run as root (CI's fresh
 Debian machines); elsewhere these tests are skipped, saying why. The jobs are checked by one test
-(test_slurm_jobs.py), so under pytest-xdist one worker starts the cluster, once.
+(test_slurm_jobs.py), so under pytest-xdist one cluster runs them: the controller's, started before the workers
+(support/slurm_jobs.py), which a worker's fixture attaches to; run without xdist, the fixture starts one.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
-from support.slurm_cluster import SlurmCluster, install
+from support.slurm_cluster import SlurmCluster
+from support.slurm_jobs import CAMPAIGN_ENV, Jobs, cluster_unavailable
 
 
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
-    why = install() or (None if os.geteuid() == 0 else "the test cluster's slurmd and slurmctld run as root")
+    if CAMPAIGN_ENV in os.environ:  # the controller's cluster, running its jobs already: attached, not owned
+        yield Jobs.load(Path(os.environ[CAMPAIGN_ENV])).cluster
+        return
+    why = cluster_unavailable()
     if why:
         pytest.skip(f"no SLURM cluster for these tests: {why}")
     cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))

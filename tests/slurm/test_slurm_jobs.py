@@ -1,12 +1,6 @@
-"""Real sbatch jobs of the test config on the one-node cluster (tests/slurm/conftest.py).
+"""Real sbatch jobs of the test config on the one-node cluster (support/slurm_jobs.py submits them, all at once).
 
-Each step of a job pauses a fixed time (``BATON_FAULT_PAUSE=step=S``, before the step runs), so a run lasts
-longer than the job's time limit (two minutes) whatever the machine's speed: the sessions a job needs
-vary with the machine, what the tests check does not.
-
-Every job is submitted at once (``jobs``) and they run side by side, as on a cluster, so the test takes
-about as long as its longest job; a thread sends the outside signals when their jobs are mid-run. One test
-then checks each job in turn (``CHECKS``) and reports every check that failed: a single test, so that
+One test checks each job in turn (``CHECKS``) and reports every check that failed: a single test, so that
 pytest-xdist never starts a second cluster on another worker.
 """
 
@@ -15,10 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
-import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -27,60 +17,9 @@ from baton.planning.ledger import read_ledger
 from baton.store.local import LocalStore
 from support.distrun import assert_close_trace, expected_batch_shas
 from support.helpers import assert_tensors_equal, read_metrics, store_checkpoint_tensors, write_config
+from support.slurm_jobs import BUDGET, CAMPAIGN_ENV, Jobs, submit_all
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-
-ROOT = Path(__file__).resolve().parents[2]
-JOB_TIMEOUT_S = 900  # a ceiling that catches a hang; a job here takes one to four minutes
-# Short enough for a two-minute job: the session stops this long before the job's end time, plus the measured
-# step and the checkpoint guess (a second or two for the test model).
-BUDGET = """
-[budget]
-margin_minutes = 0.1
-heartbeat_minutes = 0
-"""
-
-SCRIPT = """#!/bin/bash
-#SBATCH --job-name={name}
-#SBATCH --time={time}
-#SBATCH --requeue
-#SBATCH --open-mode=append
-#SBATCH --output={out}
-#SBATCH --chdir={root}
-exec {python} -m baton.cli train --config {cfg} --no-progress {args}
-"""
-EXAMPLES = ROOT / "examples" / "slurm"
-# What an example asks and this machine cannot grant (GPUs, 16 cores): left out of the copy a job runs.
-NOT_HERE = ("#SBATCH --gpus-per-node", "#SBATCH --cpus-per-task")
-
-
-def make_config(base: Path, data: Path) -> Path:
-    cfg = write_config(base / "cfg.toml", data_dir=data, store=base / "store", runs=base / "runs")
-    cfg.write_text(cfg.read_text() + BUDGET)
-    return cfg
-
-
-def make_job(base: Path, data: Path, time: str = "1", args: str = "") -> Path:
-    """A job script training the test config into ``base/store`` (config ``base/cfg.toml``)."""
-    cfg = make_config(base, data)
-    path = base / "job.sh"
-    path.write_text(SCRIPT.format(name=base.name, time=time, out=base / "job.out", root=ROOT, python=sys.executable,
-                                  cfg=cfg, args=args))
-    return path
-
-
-def example(name: str, base: Path) -> Path:
-    """A copy of ``examples/slurm/<name>`` without what this machine cannot grant."""
-    lines = (EXAMPLES / name).read_text().splitlines(keepends=True)
-    path = base / name
-    path.write_text("".join(line for line in lines if not line.startswith(NOT_HERE)))
-    return path
-
-
-def job_env(pause: float) -> dict[str, str]:
-    # The examples call `baton`: this interpreter's, importing this checkout.
-    return {"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
-            "BATON_FAULT_PAUSE": f"step={pause}", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
 
 
 def sessions(store: Path) -> list:
@@ -89,103 +28,18 @@ def sessions(store: Path) -> list:
     return records
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def steps_done(base: Path) -> int:
-    metrics = base / "runs" / "test" / "metrics.jsonl"
-    return len(read_metrics(metrics.parent)) if metrics.exists() else 0
-
-
-class Jobs:
-    """The module's jobs by name: their ids and run folders; ``signalled``: the outside signals sent."""
-
-    def __init__(self, cluster, root: Path, data: Path):
-        self.cluster, self.root, self.data = cluster, root, data
-        self.ids: dict[str, str] = {}
-        self.bases: dict[str, Path] = {}
-        self.signalled: dict[str, str] = {}
-        self.errors: list[BaseException] = []
-
-    def submit(self, name: str, pause: float, **kw) -> None:
-        base = self.bases[name] = self.root / name
-        base.mkdir()
-        self.ids[name] = self.cluster.sbatch(make_job(base, self.data, **kw), job_env(pause))
-
-    def submit_example(self, name: str, script: str, pause: float, args: tuple[str, ...] = (),
-                       options: tuple[str, ...] = (), after: str | None = None) -> None:
-        """``examples/slurm/<script>`` as it is (``options`` over its #SBATCH lines); ``after``: a job of the same
-        run folder that must end well first (this one resumes from it)."""
-        base = self.bases[name] = self.bases[after] if after else self.root / name
-        base.mkdir(exist_ok=after is not None)
-        cfg = make_config(base, self.data)
-        if after:
-            options = (*options, f"--dependency=afterok:{self.ids[after]}")
-        self.ids[name] = self.cluster.sbatch(example(script, base), job_env(pause), f"--output={base / 'job.out'}",
-                                             f"--chdir={ROOT}", *options, args=(str(cfg), *args))
-
-    def base(self, name: str) -> Path:
-        return self.bases[name]
-
-    def wait(self, name: str) -> tuple[str, dict[str, str], str]:
-        """(job id, the job's final fields, its output) once it ended."""
-        end = self.cluster.wait(self.ids[name], JOB_TIMEOUT_S)
-        assert not self.errors, self.errors
-        return self.ids[name], end, (self.base(name) / "job.out").read_text()
-
-    def signal_mid_run(self, name: str, *cmd: str) -> None:
-        """Send ``cmd`` (with the job id appended) once the job trained 3 steps: the signal comes mid-run."""
-        def watch():
-            try:
-                t0 = time.monotonic()
-                while steps_done(self.base(name)) < 3:
-                    if time.monotonic() - t0 > JOB_TIMEOUT_S:
-                        raise AssertionError(f"job {name} never reached step 3")
-                    time.sleep(0.2)
-                self.cluster.run(*cmd, self.ids[name])
-                self.signalled[name] = " ".join(cmd)
-            except BaseException as e:  # said by the test that waits for this job
-                self.errors.append(e)
-
-        threading.Thread(target=watch, name=f"signal-{name}", daemon=True).start()
-
-
 @pytest.fixture(scope="module")
 def jobs(slurm_cluster, tmp_path_factory, prepared_data) -> Jobs:
-    j = Jobs(slurm_cluster, tmp_path_factory.mktemp("slurm-jobs"), prepared_data)
-    # 20 steps of at least 6 s each cannot fit two minutes: the job's end time stops each session in time to
-    # push, and the session requeues its own job, until the last one completes the run. (Two minutes, not
-    # SLURM's shortest one: with every job starting at once on two cores, a start alone can take a minute.)
-    j.submit("short", pause=6.0, time="2")
-    # What the example's --signal=B:USR1@600 delivers before its time limit, sent by hand to the batch shell,
-    # which is baton itself (exec).
-    j.submit_example("usr1", "one-node.sbatch", pause=0.5)
-    j.signal_mid_run("usr1", "scancel", "--signal=USR1", "--batch")
-    # A preemption-style requeue from outside: SLURM sends SIGTERM and brings the job back by itself.
-    j.submit("outside", pause=0.5, time="10")
-    j.signal_mid_run("outside", "scontrol", "requeue")
-    j.submit("config-error", pause=0.0, time="1", args="--set optim.lr=-1")
-    # --stop-after-steps is a stop the user asked for: no requeue, though the run is not complete.
-    j.submit("stop-after", pause=0.0, time="5", args="--stop-after-steps 2")
-    # Two srun tasks as two nodes: the first job stops at step 10, the second (after it) resumes to the end.
-    # The example's two nodes are two tasks on the one machine here, meeting on a port picked free (the job's
-    # own, 29400 + its id mod 1000, may be another process's on a machine the tests share).
-    nodes = ("--nodes=1", "--ntasks-per-node=2")
-    j.submit_example("nodes", "multi-node.sbatch", pause=0.0, options=nodes,
-                     args=("--stop-after-steps", "10", "--rdzv-endpoint", f"x:{free_port()}"))
-    j.submit_example("nodes-after", "multi-node.sbatch", pause=0.0, options=nodes, after="nodes",
-                     args=("--rdzv-endpoint", f"x:{free_port()}"))
-    return j
+    if CAMPAIGN_ENV in os.environ:  # submitted by pytest-xdist's controller as the suite started
+        return Jobs.load(Path(os.environ[CAMPAIGN_ENV]))
+    return submit_all(Jobs(slurm_cluster, tmp_path_factory.mktemp("slurm-jobs"), prepared_data))
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, prepared_data, baton_cli) -> Path:
+def reference(jobs, tmp_path_factory, baton_cli) -> Path:
     """The run folder (store and runs) of the same run trained in one uninterrupted session, outside SLURM."""
     base = tmp_path_factory.mktemp("slurm-reference")
-    cfg = write_config(base / "cfg.toml", data_dir=prepared_data, store=base / "store", runs=base / "runs")
+    cfg = write_config(base / "cfg.toml", data_dir=jobs.data, store=base / "store", runs=base / "runs")
     cfg.write_text(cfg.read_text() + BUDGET)
     baton_cli("train", "--config", str(cfg), "--no-progress", check=True)
     return base
