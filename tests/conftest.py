@@ -50,15 +50,14 @@ _CAMPAIGN = None
 
 
 def pytest_sessionstart(session):
-    """Under pytest-xdist, the controller submits the SLURM tests' jobs before the workers start
-    (support/slurm_jobs.py): minutes of jobs that mostly wait then run beside the other tests, not on a worker
-    that waits for them."""
+    """Under pytest-xdist, the controller submits the SLURM tests' jobs as the suite starts (support/slurm_jobs.py):
+    minutes of jobs that mostly wait then run beside the other tests, not on a worker that waits for them."""
     global _CAMPAIGN
     from support.slurm_jobs import Campaign
 
     if Campaign.wanted(session.config):
-        _CAMPAIGN = Campaign()
-        _CAMPAIGN.start(session.config, session.config._tmp_path_factory.mktemp("slurm-campaign"))
+        _CAMPAIGN = Campaign(session.config._tmp_path_factory.mktemp("slurm-campaign"))
+        _CAMPAIGN.start()
 
 
 def pytest_sessionfinish(session):

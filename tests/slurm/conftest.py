@@ -2,7 +2,7 @@
 
 On a machine without SLURM the packages are installed with apt-get when the tests run as root (CI's fresh
 Debian machines); elsewhere these tests are skipped, saying why. The jobs are checked by one test
-(test_slurm_jobs.py), so under pytest-xdist one cluster runs them: the controller's, started before the workers
+(test_slurm_jobs.py), so under pytest-xdist one cluster runs them: the controller's, started as the suite starts
 (support/slurm_jobs.py), which a worker's fixture attaches to; run without xdist, the fixture starts one.
 """
 
@@ -14,13 +14,16 @@ from pathlib import Path
 import pytest
 
 from support.slurm_cluster import SlurmCluster
-from support.slurm_jobs import CAMPAIGN_ENV, Jobs, cluster_unavailable
+from support.slurm_jobs import CAMPAIGN_ENV, campaign_jobs, cluster_unavailable
 
 
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     if CAMPAIGN_ENV in os.environ:  # the controller's cluster, running its jobs already: attached, not owned
-        yield Jobs.load(Path(os.environ[CAMPAIGN_ENV])).cluster
+        jobs = campaign_jobs(Path(os.environ[CAMPAIGN_ENV]))
+        if isinstance(jobs, str):
+            pytest.skip(f"no SLURM cluster for these tests: {jobs}")
+        yield jobs.cluster
         return
     why = cluster_unavailable()
     if why:

@@ -208,11 +208,18 @@ def cluster_unavailable() -> str | None:
 
 
 class Campaign:
-    """The jobs started by pytest-xdist's controller before its workers start, when the run includes the SLURM
-    tests: the workers find them through ``CAMPAIGN_ENV``, and the controller stops the cluster at the end."""
+    """The jobs started by pytest-xdist's controller as the suite starts, when the run includes the SLURM tests.
 
-    def __init__(self) -> None:
-        self.cluster: SlurmCluster | None = None
+    The workers are told where the jobs' state will be (``CAMPAIGN_ENV``) before they start; a thread installs
+    SLURM where absent, prepares the jobs' data, starts the cluster and submits the jobs meanwhile, so nothing
+    waits for it but the one test that checks the jobs. It leaves ``jobs.json``, or ``unavailable.txt`` (why the
+    test skips) or ``error.txt``. The controller stops the cluster at the end."""
+
+    def __init__(self, base: Path) -> None:
+        self.base, self.cluster = base, None
+        self.folder = base / "jobs"
+        self.folder.mkdir()
+        self.thread = threading.Thread(target=self._run, name="slurm-campaign", daemon=True)
 
     @staticmethod
     def wanted(config) -> bool:
@@ -228,22 +235,47 @@ class Campaign:
         args = [Path(a.split("::")[0]).resolve() for a in config.args] or [ROOT / "tests"]
         return any(a == here or a in here.parents or here in a.parents for a in args)
 
-    def start(self, config, base: Path) -> None:
-        if cluster_unavailable():
-            return  # the test skips, saying why
-        from baton.config import load_config
-        from baton.data.prepare import prepare
+    def start(self) -> None:
+        os.environ[CAMPAIGN_ENV] = str(self.folder / "jobs.json")  # before the workers start: they inherit it
+        self.thread.start()
 
-        cfg = write_config(base / "prep.toml", data_dir=base / "corpus", store=base / "store", runs=base / "runs")
-        prepare(load_config(cfg), progress=False)
-        self.cluster = SlurmCluster(base / "cluster")
-        self.cluster.root.mkdir()
-        self.cluster.start()
-        (base / "jobs").mkdir()
-        jobs = submit_all(Jobs(self.cluster, base / "jobs", base / "corpus"))
-        os.environ[CAMPAIGN_ENV] = str(jobs.save())
+    def _run(self) -> None:
+        try:
+            why = cluster_unavailable()
+            if why:
+                (self.folder / "unavailable.txt").write_text(why)
+                return
+            from baton.config import load_config
+            from baton.data.prepare import prepare
+
+            b = self.base
+            cfg = write_config(b / "prep.toml", data_dir=b / "corpus", store=b / "store", runs=b / "runs")
+            prepare(load_config(cfg), progress=False)
+            self.cluster = SlurmCluster(b / "cluster")
+            self.cluster.root.mkdir()
+            self.cluster.start()
+            submit_all(Jobs(self.cluster, self.folder, b / "corpus")).save()
+        except BaseException as e:  # said by the test, which would otherwise wait for jobs that never come
+            import traceback
+
+            (self.folder / "error.txt").write_text("".join(traceback.format_exception(e)))
 
     def stop(self) -> None:
+        self.thread.join(timeout=JOB_TIMEOUT_S)
         if self.cluster is not None:
             self.cluster.stop()
-            self.cluster = None
+
+
+def campaign_jobs(path: Path) -> Jobs | str:
+    """The controller's jobs once submitted, or why there are none (the reason the test skips); raises what
+    went wrong submitting them."""
+    t0 = time.monotonic()
+    while not path.exists():
+        if (path.parent / "unavailable.txt").exists():
+            return (path.parent / "unavailable.txt").read_text()
+        if (path.parent / "error.txt").exists():
+            raise RuntimeError(f"the SLURM jobs were not submitted:\n{(path.parent / 'error.txt').read_text()}")
+        if time.monotonic() - t0 > JOB_TIMEOUT_S:
+            raise RuntimeError(f"the SLURM jobs were not submitted after {JOB_TIMEOUT_S} s (no {path})")
+        time.sleep(0.5)
+    return Jobs.load(path)
