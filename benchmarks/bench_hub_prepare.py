@@ -18,7 +18,6 @@ Run: ``python benchmarks/bench_hub_prepare.py [--mb 8] [--files 8] [--rounds 3]`
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
@@ -34,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from bench_prepare import documents  # noqa: E402
+from bench_prepare import corpus_args, documents  # noqa: E402
 
 from baton.config import Config, SourceConfig  # noqa: E402
 from baton.data.prepare import prepare  # noqa: E402
@@ -87,13 +86,8 @@ print(json.dumps([m["total_tokens"], peak_kb()]))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mb", type=float, default=8, help="megabytes of text in the measured corpus")
+    ap = corpus_args(__doc__.splitlines()[0], mb=8)
     ap.add_argument("--files", type=int, default=8, help="Parquet files the corpus is split into")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--vocab", type=int, default=8192)
-    ap.add_argument("--memory-mb", type=float, default=4,
-                    help="corpus size of the smaller memory run; the larger is 4 times that (0: skip)")
     args = ap.parse_args()
 
     from huggingface_hub import constants

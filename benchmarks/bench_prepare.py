@@ -108,14 +108,19 @@ print(json.dumps([m["total_tokens"], peak_kb()]))
 """
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mb", type=float, default=16, help="megabytes of text in the measured corpus")
+def corpus_args(description: str, mb: float) -> argparse.ArgumentParser:
+    """The options every prepare benchmark takes: corpus size, rounds, vocabulary, the memory runs' size."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--mb", type=float, default=mb, help="megabytes of text in the measured corpus")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--memory-mb", type=float, default=4,
                     help="corpus size of the smaller memory run; the larger is 4 times that (0: skip)")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = corpus_args(__doc__.splitlines()[0], mb=16).parse_args()
 
     from tokenizers import Tokenizer
 
