@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,9 @@ READ_AT_IMPORT = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "
 # of the job after a test's stop): the SLURM tests start a cluster of their own and set what their jobs need.
 for _name in [k for k in os.environ if k.startswith("SLURM_")]:
     del os.environ[_name]
+# Two workers share two cores, and each torch process runs a thread per core: an OpenMP thread that spins while it
+# waits for work takes the core from the process beside it. Waiting threads sleep instead (a user's setting stays).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The test Hub serves the classic LFS path, and huggingface_hub reads this switch at import: set for every test,
 # so a test's commands and the zygote's agree on it.
 os.environ["HF_HUB_DISABLE_XET"] = "1"
@@ -122,13 +124,13 @@ def baton_cli(tmp_path_factory):
     started on first use): the CLI's own code with this test's environment and working folder, without paying
     the torch and transformers imports again. ``fresh=True`` starts `python -m baton.cli` from scratch instead,
     for what only a new interpreter shows (the entry point itself, a clock that starts before Python imports
-    anything, a hash seed of its own)."""
-    from support.zygote import Zygote
+    anything, a hash seed of its own). ``baton_cli.start(...)`` takes the same arguments and returns the running
+    process (``poll``, ``send_signal``, ``kill``, ``wait``, ``stderr_text``), for a test that signals or kills it."""
+    from support.zygote import FreshChild, Zygote
 
     zygotes: list[Zygote] = []
 
-    def run(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600, check: bool = False,
-            fresh: bool = False):
+    def start(*args: str, cwd: Path | None = None, env: dict | None = None, fresh: bool = False):
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         if not fresh and not zygotes:
             zygotes.append(Zygote(env=START_ENV, unset=tuple(k for k in os.environ if k not in START_ENV)))
@@ -136,19 +138,23 @@ def baton_cli(tmp_path_factory):
         if zygote is not None and any(full_env.get(k) != zygote.env.get(k) for k in {*full_env, *zygote.env}
                                       if k.startswith(READ_AT_IMPORT)):
             zygote = None
-        run.fresh_starts += zygote is None  # type: ignore[attr-defined]
-        if zygote is None:
-            p = subprocess.run([sys.executable, "-m", "baton.cli", *args], cwd=cwd or ROOT, env=full_env,
-                               capture_output=True, text=True, timeout=timeout)
-        else:
-            r = zygote.run(list(args), tmp_path_factory.mktemp("cli-out"), env=full_env, timeout=timeout,
-                           cwd=cwd or ROOT, replace_env=True)
-            p = subprocess.CompletedProcess(["baton", *args], r.returncode, r.stdout, r.stderr)
+        if zygote is not None:
+            return zygote.spawn(list(args), tmp_path_factory.mktemp("cli-out"), env=full_env, cwd=cwd or ROOT,
+                                replace_env=True)
+        run.fresh_starts += 1  # type: ignore[attr-defined]
+        out = tmp_path_factory.mktemp("cli-out")
+        return FreshChild(list(args), out / "fresh.out", out / "fresh.err", full_env, cwd or ROOT)
+
+    def run(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600, check: bool = False,
+            fresh: bool = False):
+        r = start(*args, cwd=cwd, env=env, fresh=fresh).wait(timeout)
+        p = subprocess.CompletedProcess(["baton", *args], r.returncode, r.stdout, r.stderr)
         if check and p.returncode != 0:
             raise AssertionError(f"baton {' '.join(args)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
         return p
 
     run.fresh_starts = 0  # type: ignore[attr-defined]  # commands that paid a new interpreter (tests/test_harness.py)
+    run.start = start  # type: ignore[attr-defined]
     yield run
     for z in zygotes:
         z.close()

@@ -2,8 +2,6 @@
 
 import json
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
@@ -14,8 +12,6 @@ from baton.planning import ledger as L
 from baton.planning.plan import HOUR, Quota
 from baton.store.local import LocalStore
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
-
 
 def _records(store_dir, run):
     return [json.loads(p.read_text()) for p in sorted((store_dir / run / "ledger").glob("*.json"))]
@@ -24,21 +20,19 @@ def _records(store_dir, run):
 def test_killed_session_bills_to_its_last_heartbeat(make_config, baton_cli, tmp_path):
     cfg = str(make_config())
     store = tmp_path / "store"
-    proc = subprocess.Popen([sys.executable, "-m", "baton.cli", "train", "-c", cfg, "--no-progress",
-                             "--set", "train.steps=100000", "--set", "train.ckpt_every=25",
-                             "--set", "budget.heartbeat_minutes=0"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = baton_cli.start("train", "-c", cfg, "--no-progress", "--set", "train.steps=100000",
+                           "--set", "train.ckpt_every=25", "--set", "budget.heartbeat_minutes=0")
     deadline = time.time() + 120
     while time.time() < deadline:  # wait for two checkpoints, i.e. two heartbeats after the start
         recs = _records(store, "test") if (store / "test" / "ledger").is_dir() else []
         if recs and len(recs[0]["checkpoints"]) >= 2:
             break
-        assert proc.poll() is None, proc.stderr.read()
+        assert proc.poll() is None, proc.stderr_text()
         time.sleep(0.05)
     else:
         pytest.fail("no checkpoints within 120 s")
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait(timeout=30) == -signal.SIGKILL
+    proc.kill(signal.SIGKILL)
+    assert proc.wait(timeout=30).returncode == -signal.SIGKILL
 
     (rec,) = _records(store, "test")
     assert rec["outcome"] == "open" and rec["ended"] is None

@@ -2,7 +2,6 @@
 checkpoint, exits 0, and the next session continues from it."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -87,17 +86,16 @@ def test_time_budget_stops_in_time_and_the_next_session_continues(make_config, b
 def test_sigterm_checkpoints_at_the_next_boundary_and_exits_0(make_config, baton_cli, tmp_path):
     cfg = str(make_config())
     store, run_dir = tmp_path / "store", tmp_path / "runs" / "test"
-    proc = subprocess.Popen([sys.executable, "-m", "baton.cli", "train", "-c", cfg, "--no-progress",
-                             "--set", "train.steps=1000000"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = baton_cli.start("train", "-c", cfg, "--no-progress", "--set", "train.steps=1000000")
     deadline = time.time() + 120
     metrics = run_dir / "metrics.jsonl"
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 30):
         assert proc.poll() is None and time.time() < deadline, "training did not start"
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    done = proc.wait(timeout=60)
+    err = done.stderr
+    assert done.returncode == 0, err
     summary = json.loads((run_dir / "run_summary.json").read_text())
     n = summary["steps_done"]
     assert summary["stopped_by"] == "SIGTERM" and n >= 30
@@ -113,7 +111,7 @@ def test_sigterm_checkpoints_at_the_next_boundary_and_exits_0(make_config, baton
     assert summary["resumed_from_step"] == n and summary["steps_done"] == n + 3
 
 
-def test_sigterm_while_the_data_is_pulled_ends_the_session_cleanly(make_config, tmp_path):
+def test_sigterm_while_the_data_is_pulled_ends_the_session_cleanly(make_config, baton_cli, tmp_path):
     """A preemption during the start-up (here: while the data is pulled from data.url, held at the data.pull
     point) used to kill the process at once (exit -15, no ledger end). The flag is now set from the start:
     the session stops at its first boundary, bills the start-up and exits 0."""
@@ -124,17 +122,17 @@ def test_sigterm_while_the_data_is_pulled_ends_the_session_cleanly(make_config, 
     url = tmp_path / "relay"
     publish(load_config(cfg_path, [f'data.url="{url}"']))
     trace = tmp_path / "trace"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BATON_FAULT_PAUSE": "data.pull=1", "BATON_FAULT_TRACE": str(trace)}
-    proc = subprocess.Popen([sys.executable, "-m", "baton.cli", "train", "-c", str(cfg_path), "--no-progress",
-                             "--set", f'data.url="{url}"', "--set", f'data.dir="{tmp_path / "fresh-data"}"'],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {"BATON_FAULT_PAUSE": "data.pull=1", "BATON_FAULT_TRACE": str(trace)}
+    proc = baton_cli.start("train", "-c", str(cfg_path), "--no-progress", "--set", f'data.url="{url}"',
+                           "--set", f'data.dir="{tmp_path / "fresh-data"}"', env=env)
     deadline = time.time() + 120
     while not (trace.exists() and trace.read_text().strip()):
         assert proc.poll() is None and time.time() < deadline, "the data pull did not start"
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-3000:]
+    done = proc.wait(timeout=120)
+    err = done.stderr
+    assert done.returncode == 0, err[-3000:]
     assert "received SIGTERM" in err and "stopping at step 0: SIGTERM" in err
     (rec,) = _ledger(tmp_path / "store")
     assert rec["outcome"] == "stopped: SIGTERM" and rec["ended_ts"] > rec["started_ts"] and rec["steps_to"] == 0

@@ -5,8 +5,6 @@ metric; and the run summary records the parameter split."""
 import json
 import shutil
 import signal
-import subprocess
-import sys
 import time
 
 from support.helpers import assert_tensors_equal, read_metrics, store_checkpoint_tensors
@@ -16,10 +14,9 @@ MUON = ["--set", "optim.name=muon", "--set", "optim.muon_lr=0.02", "--set", "tra
 GEOMETRY = ["--set", "train.global_batch=64", "--set", "train.micro_batch=4", "--no-progress"]
 
 
-def _kill_once_pointer_reaches(cfg: str, store, runs, step: int) -> int:
+def _kill_once_pointer_reaches(baton_cli, cfg: str, store, runs, step: int) -> int:
     """Start the run, SIGKILL it once the store's pointer names ``step`` or later; returns the pointer's step."""
-    proc = subprocess.Popen([sys.executable, "-m", "baton.cli", "train", "-c", cfg, "--set", "run.name=b", *MUON,
-                             *GEOMETRY], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = baton_cli.start("train", "-c", cfg, "--set", "run.name=b", *MUON, *GEOMETRY)
     latest = store / "b" / "latest.json"
     deadline = time.time() + 300
     while time.time() < deadline:
@@ -31,8 +28,8 @@ def _kill_once_pointer_reaches(cfg: str, store, runs, step: int) -> int:
                 pass
         assert proc.poll() is None, "the run ended before it could be killed"
         time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait(timeout=30) == -signal.SIGKILL
+    proc.kill(signal.SIGKILL)
+    assert proc.wait(timeout=30).returncode == -signal.SIGKILL
     shutil.rmtree(runs / "b")  # a new machine: nothing local survives
     return store_checkpoint_tensors(store, "b")[2]["step"]
 
@@ -44,8 +41,8 @@ def test_muon_killed_twice_equals_uninterrupted(make_config, baton_cli, tmp_path
     a = baton_cli("train", "-c", cfg, "--set", "run.name=a", *MUON, *GEOMETRY, check=True)
     assert "optimizer muon: adamw 6 tensors" in a.stderr and "muon 14 tensors" in a.stderr
 
-    first = _kill_once_pointer_reaches(cfg, store, runs, 4)
-    second = _kill_once_pointer_reaches(cfg, store, runs, first + 4)
+    first = _kill_once_pointer_reaches(baton_cli, cfg, store, runs, 4)
+    second = _kill_once_pointer_reaches(baton_cli, cfg, store, runs, first + 4)
     assert 4 <= first < second < 20
 
     last = baton_cli("train", "-c", cfg, "--set", "run.name=b", *MUON, *GEOMETRY, check=True)

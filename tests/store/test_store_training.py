@@ -8,8 +8,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,21 +16,15 @@ from safetensors.torch import load
 
 from support.helpers import assert_tensors_equal, read_metrics, store_checkpoint_tensors, write_config
 
-ROOT = Path(__file__).resolve().parents[2]
 CADENCE = ["--set", "train.ckpt_every=4", "--no-progress"]
 
 
-def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "baton.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, prepared_data):
+def reference(tmp_path_factory, prepared_data, baton_cli):
     """The uninterrupted run (local store): its final model and optimizer tensors."""
     base = tmp_path_factory.mktemp("reference")
     cfg = write_config(base / "cfg.toml", data_dir=prepared_data, store=base / "store", runs=base / "runs")
-    r = cli("train", "-c", str(cfg), *CADENCE)
+    r = baton_cli("train", "-c", str(cfg), *CADENCE)
     assert r.returncode == 0, r.stderr
     model, optim, pointer = store_checkpoint_tensors(base / "store", "test")
     assert pointer["step"] == 20 and pointer["complete"]
@@ -46,12 +38,11 @@ def s3_checkpoint(backend):
     return model, optim, pointer
 
 
-def kill_during_upload(backend, cfg: str, url: list[str], step: int, run_dir: Path) -> None:
+def kill_during_upload(baton_cli, backend, cfg: str, url: list[str], step: int, run_dir: Path) -> None:
     """Train until the upload of checkpoint ``step`` is on the wire (slowed down by the proxy) and training has
     gone on past it (the push runs in the background), then SIGKILL."""
     backend.fault("slow", match=lambda m, p: m == "PUT" and f"/ckpt/step-{step}/" in p, slow_seconds_per_mb=40)
-    proc = subprocess.Popen([sys.executable, "-m", "baton.cli", "train", "-c", cfg, *url, *CADENCE], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = baton_cli.start("train", "-c", cfg, *url, *CADENCE)
     deadline = time.time() + 180
 
     def upload():
@@ -65,23 +56,24 @@ def kill_during_upload(backend, cfg: str, url: list[str], step: int, run_dir: Pa
             return 0
 
     while upload() is None or trained() < step + 2:
-        assert proc.poll() is None, "the run ended before its upload could be killed: " + proc.stderr.read()
+        assert proc.poll() is None, "the run ended before its upload could be killed: " + proc.stderr_text()
         assert time.time() < deadline
         time.sleep(0.01)
     assert upload().status is None, "the upload should still be on the wire while training went on"
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait(timeout=30) == -signal.SIGKILL
+    proc.kill(signal.SIGKILL)
+    assert proc.wait(timeout=30).returncode == -signal.SIGKILL
     backend.clear_faults()
 
 
-def test_stop_wipe_resume_from_s3_alone_and_sigkill_mid_upload(reference, make_backend, make_config, tmp_path):
+def test_stop_wipe_resume_from_s3_alone_and_sigkill_mid_upload(reference, make_backend, make_config, baton_cli,
+                                                              tmp_path):
     """Stop at 10, wipe, resume from S3 alone; SIGKILL during the step-16 upload; resume; finish: the final
     weights equal the uninterrupted run's exactly, and the pointer never named an unverified checkpoint."""
     backend = make_backend("s3")
     cfg = str(make_config())
     url = ["--set", f"store.url={backend.url}"]
 
-    leg1 = cli("train", "-c", cfg, *url, *CADENCE, "--stop-after-steps", "10")
+    leg1 = baton_cli("train", "-c", cfg, *url, *CADENCE, "--stop-after-steps", "10")
     assert leg1.returncode == 0, leg1.stderr
     assert f"no checkpoint pointer test/latest.json in {backend.store.describe()}: starting run 'test' at step 0" \
         in leg1.stderr
@@ -89,7 +81,7 @@ def test_stop_wipe_resume_from_s3_alone_and_sigkill_mid_upload(reference, make_b
     shutil.rmtree(tmp_path / "runs")  # a new machine: only the S3 store survives
 
     # Resumes at 10 from S3 alone; checkpoints 12 (verified) and 16 (killed while uploading).
-    kill_during_upload(backend, cfg, url, 16, tmp_path / "runs" / "test")
+    kill_during_upload(baton_cli, backend, cfg, url, 16, tmp_path / "runs" / "test")
     _, _, pointer = s3_checkpoint(backend)
     assert pointer["step"] == 12, "the pointer may only name a verified checkpoint"
     for name, info in pointer["files"].items():  # and every byte it names is there
@@ -97,7 +89,7 @@ def test_stop_wipe_resume_from_s3_alone_and_sigkill_mid_upload(reference, make_b
         assert len(data) == info["size"] and hashlib.sha256(data).hexdigest() == info["sha256"]
     shutil.rmtree(tmp_path / "runs")
 
-    leg3 = cli("train", "-c", cfg, *url, *CADENCE)
+    leg3 = baton_cli("train", "-c", cfg, *url, *CADENCE)
     assert leg3.returncode == 0, leg3.stderr
     assert "auto-resume" in leg3.stderr and "says step 12" in leg3.stderr
     model, optim, pointer = s3_checkpoint(backend)
@@ -112,11 +104,11 @@ def test_stop_wipe_resume_from_s3_alone_and_sigkill_mid_upload(reference, make_b
         assert os.environ["AWS_SECRET_ACCESS_KEY"] not in text and os.environ["AWS_ACCESS_KEY_ID"] not in text
 
 
-def test_failed_background_push_stops_every_rank_at_the_next_boundary(make_backend, make_config, tmp_path):
+def test_failed_background_push_stops_every_rank_at_the_next_boundary(make_backend, make_config, baton_cli, tmp_path):
     backend = make_backend("s3")
     cfg = str(make_config())
     backend.fault("status", status=503, match=lambda m, p: m == "PUT" and "/ckpt/step-8/" in p)
-    r = cli("train", "-c", cfg, "--set", f"store.url={backend.url}", *CADENCE, "--set", "store.retries=2",
+    r = baton_cli("train", "-c", cfg, "--set", f"store.url={backend.url}", *CADENCE, "--set", "store.retries=2",
             "--nproc", "2")
     assert r.returncode != 0
     assert f"checkpoint at step 8 was not verified in {backend.store.describe()}" in r.stderr

@@ -159,6 +159,9 @@ class Result:
 
 
 class Child:
+    """A `baton` process forked from the zygote: a real process with its own pid and session, signalled with real
+    signals; its stdout and stderr go to files (``stderr_text()`` reads what it wrote so far)."""
+
     def __init__(self, zygote: Zygote, pid: int, out: Path, err: Path):
         self.zygote, self.pid, self.out, self.err = zygote, pid, out, err
         self.status: int | None = None
@@ -169,6 +172,8 @@ class Child:
         except ProcessLookupError:
             pass
 
+    send_signal = kill
+
     def alive(self) -> bool:
         if self.status is not None:
             return False
@@ -176,6 +181,10 @@ class Child:
         if st is not None:
             self.status = st
         return self.status is None
+
+    def poll(self) -> int | None:
+        """The exit status (negative: the signal), or None while it runs, as ``Popen.poll``."""
+        return None if self.alive() else self.status
 
     def wait(self, timeout: float = 300) -> Result:
         if self.status is None:
@@ -189,6 +198,32 @@ class Child:
 
     def stderr_text(self) -> str:
         return self.err.read_text(errors="replace") if self.err.exists() else ""
+
+
+class FreshChild(Child):
+    """The same handle over a new interpreter (``python -m baton.cli``), for what only a fresh start shows: the
+    entry point itself, a clock that starts before Python imports anything, a hash seed of its own."""
+
+    def __init__(self, argv: list[str], out: Path, err: Path, env: dict, cwd: Path):
+        with open(out, "w") as o, open(err, "w") as e:
+            self.proc = subprocess.Popen([sys.executable, "-m", "baton.cli", *map(str, argv)], cwd=cwd, env=env,
+                                         stdin=subprocess.DEVNULL, stdout=o, stderr=e, start_new_session=True)
+        self.pid, self.out, self.err = self.proc.pid, out, err
+        self.status = None
+
+    def alive(self) -> bool:
+        if self.status is None:
+            self.status = self.proc.poll()
+        return self.status is None
+
+    def wait(self, timeout: float = 300) -> Result:
+        try:
+            self.status = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.proc.wait(30)
+            raise TimeoutError(f"baton child {self.pid} ran past {timeout}s:\n{self.stderr_text()[-3000:]}") from None
+        return Result(self.status, self.out.read_text(errors="replace"), self.stderr_text())
 
 
 if __name__ == "__main__":

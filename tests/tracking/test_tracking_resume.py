@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 
 from baton.cli import main
@@ -22,13 +20,7 @@ STEPS = list(range(1, 21))
 VAL_STEPS = [5, 10, 15, 20]
 
 
-def own_process_env() -> dict[str, str]:
-    # A machine of its own: not this test process's W&B service (whose address wandb leaves in the environment).
-    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
-    return {**env, "BATON_FAULT_PAUSE": "step=0.5"}
-
-
-def test_trackers_hold_every_step_once_across_wipes_and_a_kill(make_config, tmp_path, monkeypatch):
+def test_trackers_hold_every_step_once_across_wipes_and_a_kill(make_config, baton_cli, tmp_path, monkeypatch):
     cfg = str(make_config())
     runs, store, server = tmp_path / "runs", tmp_path / "store", tmp_path / "wandb-server"
     uri = f"file://{tmp_path / 'mlruns'}"
@@ -49,18 +41,18 @@ def test_trackers_hold_every_step_once_across_wipes_and_a_kill(make_config, tmp_
 
     # Resumed at 14, checkpoint at 16, killed after logging step 18 (each step paused so the kill lands there).
     # Its run folder stays: TensorBoard's events past the checkpoint must be purged by the next session.
-    proc = subprocess.Popen([sys.executable, "-m", "baton.cli", "train", *tracked], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, env=own_process_env(),
-                            start_new_session=True)
+    # A machine of its own: not this test process's W&B service (whose address wandb left in the environment).
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)
+    proc = baton_cli.start("train", *tracked, env={"BATON_FAULT_PAUSE": "step=0.5"})  # a session of its own
     deadline = time.time() + 300
     while time.time() < deadline:
         metrics = runs / "test" / "metrics.jsonl"
         if metrics.exists() and any(r["step"] >= 18 for r in read_metrics(runs / "test")):
             break
-        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+        assert proc.poll() is None, proc.stderr_text()[-3000:]
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)  # the whole session, W&B's service process with it, as a preemption does
-    assert proc.wait(timeout=60) == -signal.SIGKILL
+    assert proc.wait(timeout=60).returncode == -signal.SIGKILL
     assert store_checkpoint_tensors(store, "test")[2]["step"] == 16
     assert main(["train", *tracked]) == 0
 
