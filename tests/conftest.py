@@ -62,6 +62,11 @@ def pytest_sessionstart(session):
         _CAMPAIGN.start()
 
 
+def pytest_xdist_node_collection_finished(node, ids):
+    if _CAMPAIGN is not None:
+        _CAMPAIGN.workers_started()
+
+
 def pytest_sessionfinish(session):
     if _CAMPAIGN is not None:
         _CAMPAIGN.stop()

@@ -210,9 +210,10 @@ def cluster_unavailable() -> str | None:
 class Campaign:
     """The jobs started by pytest-xdist's controller as the suite starts, when the run includes the SLURM tests.
 
-    The workers are told where the jobs' state will be (``CAMPAIGN_ENV``) before they start; a thread installs
-    SLURM where absent, prepares the jobs' data, starts the cluster and submits the jobs meanwhile, so nothing
-    waits for it but the one test that checks the jobs. It leaves ``jobs.json``, or ``unavailable.txt`` (why the
+    The workers are told where the jobs' state will be (``CAMPAIGN_ENV``) before they start; once they have
+    started (``workers_started``: started together, the jobs' sessions and the workers' imports slow each other
+    down by half a minute), a thread installs SLURM where absent, prepares the jobs' data, starts the cluster and
+    submits the jobs, so nothing waits for it but the one test that checks the jobs. It leaves ``jobs.json``, or ``unavailable.txt`` (why the
     test skips) or ``error.txt``. The controller stops the cluster at the end."""
 
     def __init__(self, base: Path) -> None:
@@ -220,6 +221,7 @@ class Campaign:
         self.folder = base / "jobs"
         self.folder.mkdir()
         self.thread = threading.Thread(target=self._run, name="slurm-campaign", daemon=True)
+        self.go = threading.Event()
 
     @staticmethod
     def wanted(config) -> bool:
@@ -239,7 +241,12 @@ class Campaign:
         os.environ[CAMPAIGN_ENV] = str(self.folder / "jobs.json")  # before the workers start: they inherit it
         self.thread.start()
 
+    def workers_started(self) -> None:
+        self.go.set()
+
     def _run(self) -> None:
+        # A ceiling, not a wait the run needs: a worker that never reports its collection still gets its jobs.
+        self.go.wait(timeout=120)
         try:
             why = cluster_unavailable()
             if why:
