@@ -140,9 +140,10 @@ def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ten
             len(g.get("params", ())) != len(o["params"]) for g, o in zip(groups, optimizer.param_groups)):
         raise ResumeError(f"optimizer state has {len(groups)} parameter groups of {[len(g.get('params', ())) for g in groups]} "
                           f"parameters, this optimizer {[len(o['params']) for o in optimizer.param_groups]}{DAMAGED}")
-    tuples = ("betas", "ns_coefficients")  # JSON keeps tuples as lists
-    fixed = [{k: (tuple(v) if k in tuples else v) for k, v in g.items()} for g in groups]
-    optimizer.load_state_dict({"state": state, "param_groups": fixed})
+    # The hyper-parameters stay this optimizer's, built from this session's config: torch's load would put the
+    # saved ones back, so a changed optim.weight_decay or beta2 (logged as a change on resume) would be ignored,
+    # and a fused flag saved on a GPU would follow the state onto a CPU. Unchanged, they equal the saved ones.
+    optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
 
 
 # ----------------------------------------------------------------------------------------- save / load
@@ -156,7 +157,8 @@ class LocalSaveError(BatonError):
 def save_checkpoint(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     state: CheckpointState, metrics_file: Path | None) -> Path:
     """Write the checkpoint folder atomically: files go to ``out.partial`` which is renamed last. The optimizer's
-    hyper-parameters go into ``state`` as saved (its ``optimizer_param_groups``)."""
+    groups go into ``state`` as saved (its ``optimizer_param_groups``): a resume checks their shape against its
+    own optimizer and keeps its own hyper-parameters (``load_optimizer``)."""
     faults.point("save", state.step)
     tmp = out.with_name(out.name + ".partial")
     try:

@@ -109,6 +109,27 @@ def test_state_round_trip_continues_exactly():
     assert g1 == g2
 
 
+@pytest.mark.parametrize("name, changed", [
+    ("adamw", {"weight_decay": 0.0, "beta2": 0.99, "eps": 1e-6}),
+    ("muon", {"weight_decay": 0.0, "muon_momentum": 0.9, "muon_nesterov": False, "muon_weight_decay": 0.1}),
+])
+def test_a_resume_keeps_the_config_s_hyper_parameters_and_the_saved_moments(name, changed):
+    """A resume that changes an optimizer setting (allowed: logged as a change) trains with the new value; the
+    saved groups carry the old one, and torch's own load would quietly put that back."""
+    model, opt = _setup(_cfg(name))
+    _steps(model, opt, 2)
+    tensors, groups = optimizer_tensors(model, opt)
+    new = _cfg(name, **changed)
+    model2, opt2 = _setup(new, seed=1)
+    model2.load_state_dict(model.state_dict())
+    built = [{k: v for k, v in g.items() if k != "params"} for g in opt2.param_groups]
+    load_optimizer(model2, opt2, {k: v.clone() for k, v in tensors.items()}, groups)
+    assert [{k: v for k, v in g.items() if k != "params"} for g in opt2.param_groups] == built
+    assert built != [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+    t2, _ = optimizer_tensors(model2, opt2)
+    assert t2.keys() == tensors.keys() and all(torch.equal(t2[k], tensors[k]) for k in tensors)
+
+
 def test_partial_or_foreign_state_is_refused():
     cfg = _cfg()
     model, opt = _setup(cfg)
