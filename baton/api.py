@@ -243,11 +243,9 @@ def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = N
     from .tracking import check_installed
 
     check_installed(cfg.log.backends)  # one line before any launch, not one per rank after it
-    from .guard import path_value
+    from .guard import resume_folder
 
-    if resume not in ("auto", "never") and not path_value(resume, "--resume", "use auto, never or a folder").is_dir():
-        # Said before the session starts: a session that starts writes its ledger record into the store.
-        raise BatonError(f"--resume {resume}: no such checkpoint folder (use auto, never or a folder)")
+    resume_folder(resume)  # said before the session starts: a session that starts writes its ledger record
     if cfg.publish.url and (cfg.eval.files or cfg.eval.tasks):
         from .evaluate.run import Plan
 

@@ -97,6 +97,17 @@ def path_value(value: object, what: str, fix: str) -> Path:
     return _expanded(os.fspath(value))  # type: ignore[call-overload]
 
 
+def resume_folder(value: object) -> Path | None:
+    """``--resume``: None for ``auto`` and ``never``, else the checkpoint folder it names, which must be one."""
+    if value in ("auto", "never"):
+        return None
+    fix = "use auto, never or a folder"
+    p = path_value(value, "--resume", fix)
+    if not p.is_dir():
+        raise BatonError(f"--resume {shown(value)}: no such checkpoint folder ({fix})")
+    return p
+
+
 def input_path(value: object, what: str, fix: str, folder: bool = False) -> Path:
     """An existing file (or ``folder``) this process may read."""
     p = path_value(value, what, fix)

@@ -25,6 +25,7 @@ from ..checkpoint.pull import pull_checkpoint
 from ..checkpoint.record import CheckpointState, Stats
 from ..data.reader import Cursor
 from ..errors import BatonError, ResumeError
+from ..guard import resume_folder
 from ..planning.ledger import ledger_key
 from ..runtime import dist
 from .drift import Difference, check_resume, hub_commits
@@ -49,6 +50,7 @@ def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
     """Load the baton into the session's parts: from the store's pointer, a local folder, or nothing (step 0)."""
     cfg = s.cfg
     parent = None
+    folder = resume_folder(mode)  # the folder --resume names, or None for auto and never
     if mode == "never":
         pointer = dist.on_main(lambda: read_pointer(s.store, s.run))
         if pointer is not None:
@@ -57,7 +59,7 @@ def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
         log.info("--resume never: starting run %r at step 0", s.run)
         _fresh_metrics(s)
         return Resumed(no_pointer=True)
-    if mode == "auto":
+    if folder is None:  # auto
         # Only rank 0 reads the store; the answer (or the error) is shared so every rank agrees.
         pointer, finished = dist.on_main(lambda: _find_baton(s, allow_change)) or (None, None)
         if pointer is None:
@@ -78,10 +80,6 @@ def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
 
         dist.on_main(pull, local=True)
         parent = pointer.lineage
-    else:
-        folder = Path(mode)
-        if not folder.is_dir():
-            raise BatonError(f"--resume {folder}: no such checkpoint folder (use auto, never or a folder)")
     st = ckstate.read_state(folder)
     allowed = _check_drift(s, st, allow_change)
     ckstate.load_checkpoint(folder, s.model, s.optimizer)
