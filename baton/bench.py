@@ -32,10 +32,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from . import extras
 from .config import Attn, Config, Precision
 from .errors import BatonError
 from .model.llama import build_model, param_count
 from .model.optimizer import build_optimizer
+from .runtime import cuda
 from .runtime.autotune import resolve_precision
 from .runtime.memory import is_oom
 
@@ -148,7 +150,7 @@ def _trim() -> None:
     """Give freed memory back to the OS, so one cell's leftovers do not count against the next."""
     gc.collect()
     if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+        cuda.empty_cache()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
@@ -178,12 +180,11 @@ def run_cell(cfg: Config, cell: Cell, tokens_per_step: int, device: torch.device
     _trim()
     mcfg = dataclasses.replace(cfg.model, attn=cell.attn, grad_ckpt=cell.grad_ckpt,
                                max_seq_len=max(cfg.model.max_seq_len, cell.seq_len))
-    cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
+    on_gpu = device.type == "cuda"
+    if on_gpu:
+        cuda.reset_peak(device)
         if cap is not None:
-            total = torch.cuda.get_device_properties(device).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
+            cuda.limit_memory(cap / cuda.total_memory(device), device)
     sampler = _RssSampler()
     base_rss = sampler.now()
     try:
@@ -197,13 +198,13 @@ def run_cell(cfg: Config, cell: Cell, tokens_per_step: int, device: torch.device
             log.warning("bench cell %s failed: %s", cell.label, cell.reason)
         return cell
     finally:
-        if cuda:
-            cell.peak_allocated = torch.cuda.max_memory_allocated(device)
-            cell.peak_reserved = torch.cuda.max_memory_reserved(device)
-            torch.cuda.set_per_process_memory_fraction(1.0, device)
+        if on_gpu:
+            cell.peak_allocated = cuda.peak_allocated(device)
+            cell.peak_reserved = cuda.peak_reserved(device)
+            cuda.limit_memory(1.0, device)
         _trim()
     cell.peak_rss = sampler.peak
-    cell.peak_bytes = cell.peak_reserved if cuda else max(0, sampler.peak - base_rss)
+    cell.peak_bytes = cell.peak_reserved if on_gpu else max(0, sampler.peak - base_rss)
     assert cell.peak_bytes is not None  # on CUDA the finally above has read peak_reserved
     cell.step_seconds = seconds / steps
     cell.optim_seconds = optim_seconds / steps
@@ -230,7 +231,7 @@ def _time_steps(cfg: Config, mcfg, cell: Cell, device: torch.device, warmup: int
     ids = torch.randint(0, cfg.model.vocab_size, (cell.micro_batch, cell.seq_len + 1), generator=g).to(device)
     x, y = ids[:, :-1], ids[:, 1:]
 
-    cuda = device.type == "cuda"
+    on_gpu = device.type == "cuda"
     # CUDA events around the optimizer step time it without a synchronisation inside the step.
     marks: list[tuple[Any, Any]] = []
 
@@ -243,16 +244,16 @@ def _time_steps(cfg: Config, mcfg, cell: Cell, device: torch.device, warmup: int
         scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or math.inf)
         if timed:
-            marks.append((_mark(cuda), None))
+            marks.append((_mark(on_gpu), None))
         scaler.step(opt)
         if timed:
-            marks[-1] = (marks[-1][0], _mark(cuda))
+            marks[-1] = (marks[-1][0], _mark(on_gpu))
         scaler.update()
         opt.zero_grad(set_to_none=True)
 
     def sync() -> None:
         if device.type == "cuda":
-            torch.cuda.synchronize(device)
+            cuda.synchronize(device)
 
     for _ in range(warmup):
         step()
@@ -262,13 +263,13 @@ def _time_steps(cfg: Config, mcfg, cell: Cell, device: torch.device, warmup: int
         step(timed=True)
     sync()
     seconds = time.perf_counter() - t0
-    optim = sum(a.elapsed_time(b) / 1000 for a, b in marks) if cuda else sum(b - a for a, b in marks)
+    optim = sum(a.elapsed_time(b) / 1000 for a, b in marks) if on_gpu else sum(b - a for a, b in marks)
     return seconds, optim
 
 
-def _mark(cuda: bool) -> Any:
+def _mark(on_gpu: bool) -> Any:
     """A point in time: a recorded CUDA event (read after the final synchronisation), else the clock."""
-    if not cuda:
+    if not on_gpu:
         return time.perf_counter()
     e = torch.cuda.Event(enable_timing=True)
     e.record()
@@ -337,13 +338,13 @@ def _hours(h: float | None) -> str:
 
 
 def table(cells: list[Cell], device: torch.device) -> str:
-    cuda = device.type == "cuda"
-    mem = "| peak alloc MiB | peak reserved MiB |" if cuda else "| RSS added MiB | peak RSS MiB |"
+    on_gpu = device.type == "cuda"
+    mem = "| peak alloc MiB | peak reserved MiB |" if on_gpu else "| RSS added MiB | peak RSS MiB |"
     lines = ["| attn | seq | micro x accum | grad ckpt | compile | tokens/s | step s | optimizer s " + mem +
              " est. MiB | h for target | status |",
              "|---|---|---|---|---|---|---|---" + "|---" * 3 + "|---|---|"]
     for c in cells:
-        m1, m2 = (c.peak_allocated, c.peak_reserved) if cuda else (c.peak_bytes, c.peak_rss)
+        m1, m2 = (c.peak_allocated, c.peak_reserved) if on_gpu else (c.peak_bytes, c.peak_rss)
         status = c.status if not c.reason else f"{c.status}: {c.reason}"
         lines.append(
             f"| {c.attn} | {c.seq_len} | {c.micro_batch} x {c.accum or '—'} | {'on' if c.grad_ckpt else 'off'} | "
@@ -356,10 +357,7 @@ def table(cells: list[Cell], device: torch.device) -> str:
 
 
 def plot(cells: list[Cell], path: Path, cap: int | None, device: torch.device) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = extras.pyplot("the bench plot")
 
     labels = [c.label for c in cells]
     rates = [c.tokens_per_s or 0.0 for c in cells]
@@ -388,7 +386,7 @@ def plot(cells: list[Cell], path: Path, cap: int | None, device: torch.device) -
 def write_outputs(cells: list[Cell], out: Path, meta: dict[str, Any], cap: int | None,
                   device: torch.device) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"md": out / "bench.md", "json": out / "bench.json", "png": out / "bench.png"}
+    paths = {"md": out / "bench.md", "json": out / "bench.json"}
     md = [f"# baton bench: {meta['device']}", "",
           f"{meta['tokens_per_step']:,} tokens per step per rank, {meta['warmup']} warm-up + {meta['steps']} timed "
           f"steps per cell, precision {meta['precision']}, optimizer {meta.get('optimizer', 'adamw')}, "
@@ -399,7 +397,11 @@ def write_outputs(cells: list[Cell], out: Path, meta: dict[str, Any], cap: int |
     paths["json"].write_text(json.dumps({**meta, "cap_bytes": cap,
                                          "cells": [dataclasses.asdict(c) | {"label": c.label} for c in cells]},
                                         indent=1), encoding="utf-8")
-    plot(cells, paths["png"], cap, device)
+    if extras.available("matplotlib"):
+        paths["png"] = out / "bench.png"
+        plot(cells, paths["png"], cap, device)
+    else:
+        extras.skip_note("matplotlib", "bench.png")
     return paths
 
 

@@ -77,9 +77,8 @@ def _list(text: str, kind: type, what: str) -> list:
 
 
 def run_bench(args, cfg: Config) -> int:
-    import torch
-
     from .. import bench
+    from ..runtime import cuda
     from ..runtime.device import pick_device
 
     device = pick_device(cfg.train.device)
@@ -124,14 +123,14 @@ def run_bench(args, cfg: Config) -> int:
                            target, args.ranks, progress)
     allow_compile = hasattr(cfg.train, "compile")
     chosen = bench.pick(cells, cap, allow_compile) if args.pick else None
-    meta = {"device": str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
+    meta = {"device": str(device) if device.type != "cuda" else cuda.name(device),
             "tokens_per_step": tps, "ranks": args.ranks, "warmup": args.warmup, "steps": args.steps,
             "precision": bench.precision_for(cfg, device), "params": bench.param_count(cfg.model), "target_tokens": target,
             "optimizer": cfg.optim.name, "picked": chosen.label if chosen else None,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     paths = bench.write_outputs(cells, out, meta, cap, device)
     print(bench.table(cells, device))
-    print(f"\nwrote {paths['md']}, {paths['json']} and {paths['png']}")
+    print(f"\nwrote {', '.join(str(p) for p in list(paths.values())[:-1])} and {list(paths.values())[-1]}")
     if args.pick:
         if chosen is None:
             print(("no cell ran within the cap" if cap else "no cell ran (see each cell's status above)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from .. import extras
 from ..config import Config
 from ..planning.charts import plot_cadence, plot_finish_cdf
 from ..planning.simulate import cadence_curve, curve_minutes, simulate
@@ -36,7 +37,9 @@ def run_simulate(args, cfg: Config | None) -> int:
         from dataclasses import replace
 
         curve = cadence_curve(replace(si, runs=min(si.runs, 500)), curve_minutes(si))
-    if out_dir is not None:
+    drawn = out_dir is not None and extras.plotting("the simulator plots")
+    if drawn:
+        assert out_dir is not None
         plot_finish_cdf(r.finish, out_dir / "simulate-finish.png", si.plan.deadline, r.baseline.eta)
         if curve:
             plot_cadence(curve, si.plan.ckpt_every_s / 60, out_dir / "simulate-cadence.png")
@@ -44,6 +47,7 @@ def run_simulate(args, cfg: Config | None) -> int:
         print(json.dumps(r.to_dict() | {"sources": src, "curve": curve}, indent=1))
         return 0
     print(format_sim(r, src, curve))
-    if out_dir is not None:
+    if drawn:
+        assert out_dir is not None
         print(f"\nplots: {out_dir / 'simulate-finish.png'}" + (f", {out_dir / 'simulate-cadence.png'}" if curve else ""))
     return 0

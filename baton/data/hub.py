@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
+from ..store import hubhttp
 
 SUFFIXES = (".parquet", ".jsonl", ".json", ".jsonl.gz", ".json.gz")
 STREAM_DIR = ".hub-files"  # under the data folder: the source files of streaming sources, while they are read
@@ -59,7 +60,6 @@ def _api():
 
 def hub_error(e: BaseException, what: str, repo: str, revision: str, path: str | None = None) -> DataError | None:
     """The one line for a failed Hub call, or None when ``e`` is not one (a bug: let it show)."""
-    import httpx2
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, RevisionNotFoundError
 
     seen: BaseException | None = e
@@ -83,7 +83,7 @@ def hub_error(e: BaseException, what: str, repo: str, revision: str, path: str |
         if isinstance(seen, HfHubHTTPError):
             return DataError(f"{what}: the Hub answered HTTP {status} for {repo}; rerun `baton prepare` later "
                              "(it continues where it stopped)")
-        if isinstance(seen, (httpx2.TransportError, ConnectionError, TimeoutError)):
+        if isinstance(seen, hubhttp.transport_errors()):
             where = endpoint() or "https://huggingface.co"
             return DataError(f"{what}: could not reach the Hub at {where} ({type(seen).__name__}); check the "
                              "network or HF_ENDPOINT, then rerun `baton prepare` (it continues where it stopped)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .. import extras
 from ..errors import DataError
 
 README = "README.md"
@@ -21,7 +22,7 @@ DEFAULT_SPLIT = "train"  # the split a bare glob or list of globs stands for
 def declared_configs(readme: str | None, where: str) -> dict[str, dict[str, list[str]]]:
     """config name -> split -> globs, as ``readme`` (None: the repository has no README.md) declares them;
     ``where`` names the repository and commit in the one-line error for a card that cannot be read."""
-    import yaml
+    yaml = extras.require("yaml", "reading a Hub dataset's configs")
 
     fix = "select the files with files = \"...\" instead"
     m = FRONT_MATTER.match(readme or "")

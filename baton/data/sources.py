@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .. import extras
 from ..config import SourceConfig
 from ..errors import DataError
 from ..reads import reading
@@ -95,7 +96,7 @@ class SourceReader:
         if self.hub is not None:  # from the listing: the files are not here yet
             return sum(f.size * (GZIP_RATIO if f.path.endswith(".gz") else 1) for f in self.hub.files)
         if self.kind == "parquet":
-            import pyarrow.parquet as pq
+            pq = extras.require("pyarrow.parquet", "a parquet source")
 
             total = 0
             for f in self.files:
@@ -164,7 +165,7 @@ class SourceReader:
 
     def _parquet(self, pos: list[int]) -> Iterator[Doc]:
         """pos = [file, row]; reading starts at the row group holding the row, one batch in memory."""
-        import pyarrow.parquet as pq
+        pq = extras.require("pyarrow.parquet", "a parquet source")
 
         fi, row = pos
         while fi < len(self.files):
@@ -195,13 +196,12 @@ class SourceReader:
 
     def _hub(self, pos: list[int]) -> Iterator[Doc]:
         """pos = [file, row or byte offset, line number (JSONL)]: a file is fetched when reading reaches it."""
-        import pyarrow.parquet as pq
-
         assert self.hub is not None
         hub, (fi, at, lineno) = self.hub, pos
         while fi < len(hub.files):
             path, name = hub.local(fi), hub.name(fi)
             if path.name.endswith(".parquet"):
+                pq = extras.require("pyarrow.parquet", "a Hub source's Parquet files")
                 with _reading(path, "parquet"):
                     for text, nbytes, nxt in self._parquet_file(pq.ParquetFile(path), name, fi, at,
                                                                 "; set field = \"...\" on the source"):
@@ -216,10 +216,7 @@ class SourceReader:
             self.hub.close()
 
     def _load_dataset(self):
-        try:
-            import datasets
-        except ImportError:
-            raise DataError("source kind hf_dataset needs the `datasets` package (pip install datasets)") from None
+        datasets = extras.require("datasets", "source kind hf_dataset")
         try:
             with _reading(Path(self.src.path), "hf_dataset"):
                 ds = datasets.load_from_disk(self.src.path)

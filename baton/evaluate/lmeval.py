@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from .. import extras
 from ..errors import BatonError
 
 log = logging.getLogger(__name__)
@@ -19,10 +20,7 @@ log = logging.getLogger(__name__)
 
 def task_manager(names: list[str], task_dir: str = ""):
     """A TaskManager that knows every name in ``names``; a missing package or an unknown task is a BatonError."""
-    try:
-        from lm_eval.tasks import TaskManager
-    except ImportError as e:
-        raise BatonError(f"eval tasks need lm-evaluation-harness ({e}); pip install 'baton[eval]'") from None
+    TaskManager = extras.require("lm_eval.tasks", "eval tasks (eval.tasks, --tasks)").TaskManager
     if task_dir and not Path(task_dir).is_dir():
         raise BatonError(f"eval.task_dir {task_dir} is not a folder (it holds the local task YAML files)")
     # Indexing the harness's thousands of task files takes seconds: tasks all found in task_dir skip it.

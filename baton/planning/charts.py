@@ -9,14 +9,11 @@ from typing import Any
 
 import numpy as np
 
+from .. import extras
+
 
 def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return extras.pyplot("the simulator plots")
 
 
 def plot_finish_cdf(finish: np.ndarray, path: Path, deadline: datetime | None = None,

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .. import extras
 from ..errors import BatonError
 from ..versions import versions
 from .core import STAGES, Context, StageResult
@@ -126,19 +127,18 @@ def _machine() -> dict[str, Any]:
 
     import torch
 
-    gpu = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    from ..runtime import cuda
+
+    gpu = [cuda.name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
     return {"platform": platform.platform(), "cpus": os.cpu_count(), "gpus": gpu,
             "python": platform.python_version()}
 
 
 def _plot_throughput(ctx: Context) -> None:
     res = ctx.results.get("throughput")
-    if not res or not res.numbers.get("cells"):
+    if not res or not res.numbers.get("cells") or not extras.plotting("the preflight's throughput plot"):
         return
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = extras.pyplot("the preflight's throughput plot")
 
     cells = res.numbers["cells"]
     fig, ax = plt.subplots(figsize=(6, 0.5 + 0.45 * len(cells)))
@@ -159,7 +159,7 @@ def _plot_forecast(ctx: Context) -> None:
     """The throughput stage's simulated relay, drawn: the finish date's CDF and the cadence's cost."""
     res = ctx.results.get("throughput")
     sim = res.numbers.get("simulated") if res else None
-    if res is None or not sim or sim.get("problem"):
+    if res is None or not sim or sim.get("problem") or not extras.plotting("the preflight's forecast plots"):
         return
     import numpy as np
 

@@ -9,10 +9,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from .. import extras
 from ..checkpoint.pull import read_pointer
 from ..model.llama import param_count
+from ..runtime.device import pick_device
 from ..store import delete_prefix, open_store
 from .core import Context, StageResult, finite, timed
 
@@ -36,7 +36,7 @@ def stage_throughput(ctx: Context) -> StageResult:
 
     r = StageResult("throughput")
     cfg = ctx.scaled
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = pick_device(cfg.train.device)
     micro = cfg.train.micro_batch
     if not isinstance(micro, int):  # "auto": what `baton train` would pick on this device, from the whole batch
         from ..runtime.autotune import auto_micro_batch
@@ -214,10 +214,9 @@ def _loads(folder: Path) -> bool:
 
 
 def _plot_legs(ctx: Context, metrics: list[dict[str, Any]], resumes: list[int], r: StageResult) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    if not extras.plotting("the preflight's resume plot"):
+        return
+    plt = extras.pyplot("the preflight's resume plot")
 
     fig, ax = plt.subplots(figsize=(6, 3.2))
     ax.plot([m["step"] for m in metrics], [m["loss"] for m in metrics], marker=".", color="#1f77b4")

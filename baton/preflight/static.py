@@ -20,6 +20,7 @@ from ..model.llama import build_model, count_parameters, param_count
 from ..model.optimizer import adamw, build_optimizer, check_precision
 from ..model.schedule import factor_for, landmarks, plateau_share, plot
 from ..runtime.autotune import resolve_precision
+from ..runtime.device import pick_device
 from ..store import delete_prefix, open_store
 from .core import Context, StageResult, timed
 
@@ -54,7 +55,7 @@ def stage_construct(ctx: Context) -> StageResult:
     r.check("config validates", True, ctx.config_path)
     r.check("closed-form parameter count equals the built model", built == expected, f"{built:,} vs {expected:,}")
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = pick_device(small.train.device)
     model = build_model(small.model, device, seed=small.train.seed)
     x = torch.randint(0, min(small.model.vocab_size, 1000), (2, min(small.data.seq_len, 64)), device=device)
     # "auto" is what a session on this device resolves it to (fp16 on a T4, bf16 on Ampere+), not fp32.

@@ -10,6 +10,7 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from .. import extras
 from ..evaluate.record import EvalRecord
 
 LOSS_CURVE = "loss_curve.png"
@@ -21,11 +22,10 @@ def loss_curve(metrics: Path, out: Path, heldout: float | None = None) -> Path |
     there is no history or no matplotlib."""
     try:
         rows = [json.loads(x) for x in metrics.read_text(encoding="utf-8").splitlines() if x.strip()]
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except (OSError, ValueError, ImportError):
+        plt = extras.pyplot("the model card's loss plot") if extras.available("matplotlib") else None
+    except (OSError, ValueError):
+        return None
+    if plt is None:
         return None
     pts = [(r["step"], r["loss"]) for r in rows if isinstance(r.get("loss"), (int, float)) and "step" in r]
     if not pts:

@@ -5,16 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .. import extras
 from ..planning.charts import save_figure
 
 
 def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return extras.pyplot("the report plots")
 
 
 def _mark_sessions(ax, doc: dict[str, Any], scale: float) -> None:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .. import extras
 from .plots import plot_hours, plot_loss, plot_throughput
 
 
@@ -15,8 +16,11 @@ def _f(v: Any, fmt: str) -> str:
 
 def write_report(doc: dict[str, Any], out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    plots = {"loss": plot_loss(doc, out / "loss.png"), "throughput": plot_throughput(doc, out / "throughput.png"),
-             "hours": plot_hours(doc, out / "hours.png")}
+    plots: dict[str, Path] = {}
+    draw = extras.plotting("the report's plots")
+    if draw:
+        plots = {"loss": plot_loss(doc, out / "loss.png"), "throughput": plot_throughput(doc, out / "throughput.png"),
+                 "hours": plot_hours(doc, out / "hours.png")}
     tps = doc["tokens_per_step"]
     step = doc["pointer_step"]
     led = doc["ledger"]
@@ -58,8 +62,9 @@ def write_report(doc: dict[str, Any], out: Path) -> Path:
                   "|---|---|---|---|"]
         lines += [f"| {p['step']} | {p['loss']:.4f} | {p['score']:.1f} | {p['windows']} |" for p in doc["spikes"]]
         lines.append("")
-    lines += _forecast(doc, out, plots)
-    lines += ["## Plots", ""] + [f"![{k}]({p.name})" for k, p in plots.items()]
+    lines += _forecast(doc, out, plots, draw)
+    lines += ["## Plots", ""] + ([f"![{k}]({p.name})" for k, p in plots.items()] if draw else
+                                 [f"Not drawn: matplotlib is not installed ({extras.fix('matplotlib')})."])
     if doc["problems"]:
         lines += ["", "## Problems", ""] + [f"- {p}" for p in doc["problems"]]
     (out / "report.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -68,7 +73,7 @@ def write_report(doc: dict[str, Any], out: Path) -> Path:
     return out / "report.md"
 
 
-def _forecast(doc: dict[str, Any], out: Path, plots: dict[str, Path]) -> list[str]:
+def _forecast(doc: dict[str, Any], out: Path, plots: dict[str, Path], draw: bool) -> list[str]:
     """The simulated finish from here (``baton simulate`` at the ledger's interruption rate) and the cadence's cost."""
     sim = doc.get("simulated")
     if not sim:
@@ -81,8 +86,9 @@ def _forecast(doc: dict[str, Any], out: Path, plots: dict[str, Path]) -> list[st
     from ..planning.plan import parse_instant
 
     planned = parse_instant(sim["plan_eta"]) if sim.get("plan_eta") else None
-    plots["finish"] = plot_finish_cdf(np.asarray(sim["finish_quantiles"]), out / "finish.png", planned=planned)
-    if sim.get("curve"):
+    if draw:
+        plots["finish"] = plot_finish_cdf(np.asarray(sim["finish_quantiles"]), out / "finish.png", planned=planned)
+    if draw and sim.get("curve"):
         plots["cadence"] = plot_cadence(sim["curve"], sim["ckpt_minutes"], out / "cadence.png")
     lines = ["## Forecast", "",
              f"Simulated from the store's pointer ({sim['runs']} runs at {sim['interrupt_rate_per_hour']:.3g} "

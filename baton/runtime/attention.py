@@ -44,7 +44,9 @@ def device_refusal(attn: str, device: torch.device) -> str | None:
     """``refusal`` for a real device."""
     cap = name = None
     if device.type == "cuda":
-        cap, name = torch.cuda.get_device_capability(device), torch.cuda.get_device_name(device)
+        from . import cuda
+
+        cap, name = cuda.capability(device), cuda.name(device)
     return refusal(attn, device.type, cap, attn == "flash_attention_2" and flash_installed(), name or "this GPU")
 
 

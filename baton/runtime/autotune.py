@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 from ..config import Config, Precision
 from ..errors import ConfigError
-from . import fused_ce, memory
+from . import cuda, fused_ce, memory
+from .compiled import CompiledOrEager
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +43,15 @@ def resolve(cfg: Config, device: torch.device, world: int) -> dict[str, Any]:
     elif t.precision == "bf16" and device.type == "cuda" and not _bf16_native(device):
         # Emulated there: several times slower than fp16, SDPA falls back to its math kernel and compile
         # skips the graphs. A run that says bf16 on such a GPU is a mistake worth a stop, not a warning.
-        cap = torch.cuda.get_device_capability(device)
+        cap = cuda.capability(device)
         raise ConfigError(f"train.precision=bf16 needs a GPU with bf16 tensor cores (compute capability 8.0 or newer), "
-                          f"and {torch.cuda.get_device_name(device)} is {cap[0]}.{cap[1]} (set train.precision = "
+                          f"and {cuda.name(device)} is {cap[0]}.{cap[1]} (set train.precision = "
                           "\"fp16\", or \"auto\", which picks fp16 there)")
     if t.compile == "auto":
         # On by default where it pays: on CUDA (measured in benchmarks/gpu_check.py) from compute capability
         # 7.0, the oldest Triton generates kernels for (a P100 cannot compile); on CPU the minutes of code
         # generation buy little for the small models trained there.
-        t.compile = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (7, 0)
+        t.compile = device.type == "cuda" and cuda.capability(device) >= (7, 0)
         notes["compile"] = f"auto -> {t.compile}"
     # Before the micro-batch: the probe measures the loss the run will use, and the logits dominate memory.
     # After the precision: auto keeps it off under fp16, and true with fp16 is refused (see fused_ce).
@@ -91,7 +92,7 @@ def resolve_precision(device: torch.device) -> Precision:
 
 
 def _bf16_native(device: torch.device) -> bool:
-    return torch.cuda.get_device_capability(device)[0] >= 8
+    return cuda.capability(device)[0] >= 8
 
 
 def micro_batch_candidates(per_rank: int) -> list[int]:
@@ -124,7 +125,7 @@ def probe_micro_batch(cfg: Config, device: torch.device, per_rank: int) -> tuple
     """
     from ..model.llama import build_model, count_parameters
 
-    total = torch.cuda.get_device_properties(device).total_memory
+    total = cuda.total_memory(device)
     model = build_model(cfg.model, device)
     n = count_parameters(model)
     # AdamW's moments (2 x fp32); with several ranks, DDP's gradient buckets are about one more copy.
@@ -140,12 +141,12 @@ def probe_micro_batch(cfg: Config, device: torch.device, per_rank: int) -> tuple
         del reserve
         model = None  # the probe's memory goes back before the session builds its model
         gc.collect()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
+        cuda.empty_cache()
+        cuda.reset_peak(device)
     if chosen is None:
         raise ConfigError(
             f"micro_batch auto: not even 1 sample of {cfg.data.seq_len} tokens fits in "
-            f"{total / 2**30:.1f} GiB on {torch.cuda.get_device_name(device)} (turn on model.grad_ckpt, lower "
+            f"{total / 2**30:.1f} GiB on {cuda.name(device)} (turn on model.grad_ckpt, lower "
             "data.seq_len, or use a smaller model)"
         )
     log.info("micro_batch auto: %s", ", ".join(
@@ -170,36 +171,39 @@ def choose_micro_batch(candidates: list[int], attempt: Callable[[int], tuple[boo
 
 
 def _try_micro_batch(model, loss_fn, mb: int, seq_len: int, device, total: int) -> tuple[bool, int]:
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(device)
+    cuda.empty_cache()
+    cuda.reset_peak(device)
     x = torch.zeros((mb, seq_len + 1), dtype=torch.long, device=device)
     try:
         loss_fn(model, x[:, :-1], x[:, 1:]).backward()
-        torch.cuda.synchronize(device)
-        peak = torch.cuda.max_memory_reserved(device)
+        cuda.synchronize(device)
+        peak = cuda.peak_reserved(device)
         return peak <= GPU_MEMORY_SHARE * total, peak
     except (torch.OutOfMemoryError, RuntimeError) as e:
         # cuBLAS's workspace, cuDNN or a Triton kernel's own allocation fail as a RuntimeError, not the
         # allocator's OutOfMemoryError; any of them means this micro-batch does not fit. Other errors rise.
         if not memory.is_oom(e):
             raise
-        return False, torch.cuda.max_memory_reserved(device)
+        return False, cuda.peak_reserved(device)
     finally:
         model.zero_grad(set_to_none=True)
         del x
 
 
-def micro_loss_fn(autocast_dtype: torch.dtype | None, compiled: bool, backend: str = "inductor",
+def micro_loss_fn(autocast_dtype: torch.dtype | None, compiled: bool, backend: str | Callable | None = None,
                   fused: bool = False) -> Callable:
     """``loss(model, x, y)`` of one micro-batch: forward under autocast, cross-entropy in fp32.
 
     Compiled, the graph spans the model and the loss, so the fp32 upcast of the logits and the
     cross-entropy fuse instead of materialising a second copy of the logits. ``fused``: the head and the
-    cross-entropy in one chunked kernel instead (baton.runtime.fused_ce), so no logits are materialised at all.
+    cross-entropy in one chunked kernel instead (baton.runtime.fused_ce), so no logits are materialised at all;
+    compiled, only the model's body is, and the fused kernel runs beside the graph (a Triton kernel of its
+    own, which fake-tensor tracing cannot always follow). Either way a compilation that fails falls back to
+    eager for the session (baton.runtime.compiled), never ends it.
     """
     if fused:
-        loss = fused_ce.micro_loss_fn(autocast_dtype)
-        return torch.compile(loss, backend=backend) if compiled else loss
+        body = CompiledOrEager(fused_ce.head_inputs, "the model body", backend) if compiled else fused_ce.head_inputs
+        return fused_ce.micro_loss_fn(autocast_dtype, body)
 
     def micro_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         ctx = torch.autocast(x.device.type, dtype=autocast_dtype) if autocast_dtype is not None else nullcontext()
@@ -207,4 +211,4 @@ def micro_loss_fn(autocast_dtype: torch.dtype | None, compiled: bool, backend: s
             logits = model(input_ids=x).logits
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
 
-    return torch.compile(micro_loss, backend=backend) if compiled else micro_loss
+    return CompiledOrEager(micro_loss, "the forward and loss", backend) if compiled else micro_loss

@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 
 from ..errors import ConfigError
+from . import cuda
 
 
 def pick_device(spec: str) -> torch.device:
     if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return cuda.indexed() if torch.cuda.is_available() else torch.device("cpu")
     if spec.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"train.device={spec!r} but no CUDA GPU is visible (use train.device='cpu' or 'auto')")
     device = torch.device(spec)
@@ -17,7 +18,8 @@ def pick_device(spec: str) -> torch.device:
         n = torch.cuda.device_count()
         raise ConfigError(f"train.device={spec!r} but {n} CUDA GPU{'' if n == 1 else 's'} {'is' if n == 1 else 'are'} "
                           f"visible (cuda:0 to cuda:{n - 1}; check CUDA_VISIBLE_DEVICES)")
-    return device
+    # Indexed: some torch.cuda calls refuse a bare "cuda"; a device that leaves here always names its GPU.
+    return cuda.indexed(device) if device.type == "cuda" else device
 
 
 def rank_device(device: torch.device, local_rank: int, under_torchrun: bool) -> torch.device:
@@ -35,5 +37,4 @@ def rank_device(device: torch.device, local_rank: int, under_torchrun: bool) -> 
         index = local_rank
     else:
         index = 0 if device.index is None else device.index
-    torch.cuda.set_device(index)
-    return torch.device("cuda", index)
+    return cuda.set_current(index)

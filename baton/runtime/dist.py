@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import BatonError, ConfigError
+from . import cuda
 
 T = TypeVar("T")
 
@@ -75,7 +76,7 @@ def init(device_type: str, timeout_s: float = 600.0) -> DistInfo:
             raise ConfigError(f"this node starts more ranks than it has GPUs: local rank {local_rank}, and "
                               f"{visible} CUDA GPU{'' if visible == 1 else 's'} visible (start at most {visible} "
                               f"process{'' if visible == 1 else 'es'} per node: --nproc {visible})")
-        torch.cuda.set_device(local_rank)
+        cuda.set_current(local_rank)
     # A bounded timeout: a rank that hangs must not leave the others waiting forever in a collective.
     # (A rank that dies is noticed sooner: gloo sees the closed connection, torchrun tears the group down.)
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))

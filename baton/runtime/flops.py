@@ -138,10 +138,11 @@ def tf32_matmul() -> bool:
 
 def session_flops(m: ModelConfig, seq_len: int, device, precision: str, devices: int) -> FlopsInfo:
     """FLOPs bookkeeping for a training session on ``device`` (a torch.device)."""
-    import torch
 
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
+        from . import cuda
+
+        name = cuda.name(device)
         peak = peak_flops(name, precision, tf32=tf32_matmul())
     else:
         import platform

@@ -21,6 +21,7 @@ from contextlib import nullcontext
 
 import torch
 
+from .. import extras
 from ..config import FUSED_CE_FP16
 from ..errors import ConfigError
 
@@ -54,7 +55,7 @@ def decide(setting: bool | str, device_type: str, liger: bool, parallel: str = "
         elif device_type != "cuda":
             why = f"needs a CUDA GPU (its kernels are Triton), and this session runs on {device_type}"
         else:
-            why = 'needs the liger-kernel package (pip install "baton[liger]")'
+            why = f'needs the liger-kernel package ({extras.fix("liger_kernel")})'
         raise ConfigError(f"train.fused_ce=true {why} (or set train.fused_ce = \"auto\" or false)")
     return bool(setting)
 
@@ -74,8 +75,9 @@ def head_inputs(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, 
     return h.reshape(-1, h.size(-1)), getattr(model, "module", model).lm_head.weight
 
 
-def micro_loss_fn(autocast_dtype: torch.dtype | None) -> Callable:
-    """``loss(model, x, y)`` like ``autotune.micro_loss_fn``, with the head fused into the cross-entropy."""
+def micro_loss_fn(autocast_dtype: torch.dtype | None, body: Callable = head_inputs) -> Callable:
+    """``loss(model, x, y)`` like ``autotune.micro_loss_fn``, with the head fused into the cross-entropy.
+    ``body``: ``head_inputs`` or a compiled form of it; the fused kernel itself is never inside a graph."""
     from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
     fused = LigerFusedLinearCrossEntropyLoss()
@@ -83,7 +85,8 @@ def micro_loss_fn(autocast_dtype: torch.dtype | None) -> Callable:
     def micro_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         ctx = torch.autocast(x.device.type, dtype=autocast_dtype) if autocast_dtype is not None else nullcontext()
         with ctx:
-            h, head = head_inputs(model, x)
+            h, head = body(model, x)
             return fused(head, h, y.reshape(-1)).float()
 
+    micro_loss.compiled_parts = [body]  # type: ignore[attr-defined]
     return micro_loss

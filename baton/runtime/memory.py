@@ -26,7 +26,9 @@ def state_bytes(n_params: int, parallel: str, world: int) -> int:
 def free_bytes(device: torch.device, meminfo: Path = Path("/proc/meminfo")) -> int | None:
     """Memory one rank may use on ``device``; None where it cannot be read."""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+        from . import cuda
+
+        return cuda.free_memory(device)
     if device.type != "cpu" or not meminfo.is_file():
         return None
     for line in meminfo.read_text().splitlines():

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from . import cuda
+
 KINDS = ("ddp", "fsdp")
 
 
@@ -65,7 +67,7 @@ class Parallel:
             osd = _to_host(get_optimizer_state_dict(model, optimizer, options=full))
             optimizer.state.clear()
             if self.device.type == "cuda":
-                torch.cuda.empty_cache()
+                cuda.empty_cache()
         for block in model.model.layers:  # one all-gather per block keeps at most one block unsharded
             fully_shard(block)
         fully_shard(model)

@@ -29,7 +29,7 @@ from ..errors import BatonError
 from ..model.llama import build_model
 from ..model.optimizer import build_optimizer
 from ..planning.ledger import checkpoint_seconds, read_ledger
-from ..runtime import dist
+from ..runtime import cuda, dist
 from ..runtime.memory import rss_peak
 from ..runtime.slurm import warning_signal
 from ..tracking import Trackers, check_installed, open_trackers
@@ -280,7 +280,7 @@ class Session:
         self.budget.observe_step(m["step_seconds"])
         st.stats.last_loss = m["loss"]
         if p.device.type == "cuda":
-            st.peak_train = max(st.peak_train, torch.cuda.max_memory_allocated(p.device))
+            st.peak_train = max(st.peak_train, cuda.peak_allocated(p.device))
         else:
             st.peak_train = rss_peak()
         if not p.dist.is_main:

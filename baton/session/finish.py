@@ -17,7 +17,8 @@ from ..data.prepare import TOKENIZER_FILE
 from ..errors import BatonError, StoreError
 from ..evaluate.heldout import eval_micro_batch, window_losses
 from ..model.optimizer import split_summary
-from ..runtime import dist, slurm
+from ..runtime import cuda, dist, slurm
+from ..runtime.compiled import fallbacks
 from ..runtime.memory import rss_peak
 from ..versions import versions
 
@@ -35,10 +36,10 @@ def evaluate(s: Session) -> dict[str, float]:
     mode, the random generators as they were (the model draws none today; a later one with dropout would).
     """
     p, st = s.parts, s.state
-    rng = torch.get_rng_state(), (torch.cuda.get_rng_state(p.device) if p.device.type == "cuda" else None)
+    rng = torch.get_rng_state(), (cuda.rng_state(p.device) if p.device.type == "cuda" else None)
     if p.device.type == "cuda":
-        st.peak_train = max(st.peak_train, torch.cuda.max_memory_allocated(p.device))  # before the reset below
-        torch.cuda.reset_peak_memory_stats(p.device)
+        st.peak_train = max(st.peak_train, cuda.peak_allocated(p.device))  # before the reset below
+        cuda.reset_peak(p.device)
     model = getattr(p.model, "module", p.model)
     model.eval()
     all_ids = p.data.val_window_ids()
@@ -58,12 +59,12 @@ def evaluate(s: Session) -> dict[str, float]:
     model.train()
     torch.set_rng_state(rng[0])
     if rng[1] is not None:
-        torch.cuda.set_rng_state(rng[1], p.device)
+        cuda.set_rng_state(rng[1], p.device)
     loss_sum = dist.total(loss_sum, p.device)
     count = int(dist.total(count, p.device))
-    st.peak_eval = max(st.peak_eval, torch.cuda.max_memory_allocated(p.device) if p.device.type == "cuda" else rss_peak())
+    st.peak_eval = max(st.peak_eval, cuda.peak_allocated(p.device) if p.device.type == "cuda" else rss_peak())
     if p.device.type == "cuda":  # training's high-water mark from here on must not count this evaluation's
-        torch.cuda.reset_peak_memory_stats(p.device)
+        cuda.reset_peak(p.device)
     if count == 0:
         return {}
     val_loss = loss_sum / count
@@ -163,6 +164,7 @@ def summary(s: Session, tokens_per_s: float) -> dict[str, Any]:
         **p.flops.summary(tokens_per_s),
         "precision": p.cfg.train.precision,
         "compile": p.cfg.train.compile,
+        "compile_fallbacks": fallbacks(p.micro_loss),
         "fused_ce": p.cfg.train.fused_ce,
         "deterministic": p.cfg.train.deterministic,
         "micro_batch": p.cfg.train.micro_batch,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .. import extras
 from ..errors import ConfigError
 from ..guard import local_store_root
 from .base import ObjectInfo, RangeRead, Store, delete_keys, delete_prefix, put_files, safe_key
@@ -23,16 +24,13 @@ def open_store(url: str, retry: RetryPolicy | None = None, key: str = "store.url
     """The backend the URL names; remote ones are imported here, only when used. ``key``: the config key the
     URL came from, named in errors about it."""
     if url.startswith("s3://"):
-        try:
-            from .s3 import S3Store
-        except ImportError as e:
-            raise ConfigError(f"store {url.split('?')[0]} needs boto3 ({e}); pip install boto3") from None
+        extras.require("boto3", f"store {url.split('?')[0]}")
+        from .s3 import S3Store
+
         return S3Store.from_url(url, retry)
     if url.startswith("hf://"):
-        try:
-            from .hub import HubStore
-        except ImportError as e:
-            raise ConfigError(f"store {url} needs huggingface_hub ({e}); pip install huggingface_hub") from None
+        from .hub import HubStore  # huggingface_hub comes with transformers: always there
+
         return HubStore.from_url(url, retry, key=key)
     if "://" in url and not url.startswith("file://"):
         raise ConfigError(f"{key} {url.split('://')[0]}:// is not supported (use a path, file://, s3:// or hf://)")

@@ -21,7 +21,6 @@ import os
 from pathlib import Path, PurePosixPath
 from urllib.parse import parse_qs, quote
 
-import httpx2
 import huggingface_hub as hf
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
@@ -29,6 +28,7 @@ from huggingface_hub.utils import build_hf_headers, disable_progress_bars, get_s
 
 from ..errors import ConfigError, StoreError
 from ..guard import split_url
+from . import hubhttp
 from .base import ObjectInfo, RangeRead, decode_text, safe_key, write_download
 from .retry import RetryPolicy, Transient, call
 
@@ -67,7 +67,7 @@ class HubStore:
         self.repo_type = repo_type
         self.revision = revision
         self.retry = retry or RetryPolicy()
-        self.timeout = httpx2.Timeout(self.retry.request_timeout, connect=min(15.0, self.retry.request_timeout))
+        self.timeout = hubhttp.timeout(self.retry.request_timeout)
         self.api = HfApi(endpoint=endpoint, token=token)
         self.endpoint = self.api.endpoint.rstrip("/")
         self._token = token or hf.get_token()
@@ -138,7 +138,7 @@ class HubStore:
                     return StoreError(f"the token may not write to {self.repo_id} (HTTP 403): use a token with "
                                       "write access to it")
                 return StoreError(self._scrub(f"HTTP {status}: {str(seen).splitlines()[0]}"))
-            if isinstance(seen, (httpx2.TransportError, ConnectionError, TimeoutError)):
+            if isinstance(seen, hubhttp.transport_errors()):
                 return Transient(self._scrub(f"{type(seen).__name__}: {seen}"))
             seen = seen.__cause__ or seen.__context__
         return e

@@ -5,13 +5,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
+from .. import extras
 from ..errors import ConfigError
 
 BACKENDS = ("jsonl", "tensorboard", "wandb", "mlflow")
 # backend -> (importable module, what to install)
-PACKAGES = {"tensorboard": ("tensorboard", "pip install 'baton[tensorboard]'"),
-            "wandb": ("wandb", "pip install 'baton[wandb]'"),
-            "mlflow": ("mlflow", "pip install 'baton[mlflow]'")}
+PACKAGES = {name: (name, extras.fix(name)) for name in ("tensorboard", "wandb", "mlflow")}
 
 
 def check_installed(backends: list[str]) -> None:

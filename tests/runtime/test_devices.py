@@ -24,6 +24,7 @@ def two_gpus(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: current.append(d))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[-1] if current else 0)
     return current
 
 

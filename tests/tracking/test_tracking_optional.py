@@ -41,7 +41,7 @@ def test_training_without_tracker_packages_and_a_clear_error_when_one_is_asked_f
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         "baton: error: log.backends asks for wandb, but the 'wandb' package is not installed "
-        "(pip install 'baton[wandb]', or remove 'wandb' from log.backends)"]
+        '(pip install "baton[wandb]", or remove \'wandb\' from log.backends)']
     run_dir = load_config(cfg).run_dir
     assert not (run_dir / "metrics.jsonl").exists() and not (tmp_path / "store").exists()  # nothing started
 

@@ -1,0 +1,107 @@
+"""train.compile never ends a session: a step that torch.compile cannot build runs eagerly (baton/runtime/compiled.py).
+
+On CUDA, compile and the fused loss are both on by default; liger's kernel inside a compiled graph failed in
+fake-tensor propagation after a minute of compiling. The same class of failure is made here on the CPU: a
+loss built on an operator with no fake implementation (dynamo cannot trace it), and a backend that fails.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import baton
+from baton.config import ModelConfig, load_config
+from baton.guard import local_store_root
+from baton.model.llama import build_model
+from baton.runtime import compiled
+from baton.runtime.autotune import micro_loss_fn
+from baton.runtime.compiled import CompiledOrEager, fallbacks
+from support.helpers import assert_tensors_equal, store_checkpoint_tensors
+
+
+@torch.library.custom_op("batontest::opaque_cross_entropy", mutates_args=())
+def opaque_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """A loss with no fake (meta) implementation: runs eagerly, but fake-tensor tracing cannot follow it."""
+    return F.cross_entropy(logits, targets)
+
+
+def _backend_that_fails(gm, example_inputs):
+    raise RuntimeError("the code generator gave up")
+
+
+def tiny_batch():
+    m = ModelConfig(n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab_size=512, max_seq_len=64)
+    x = torch.randint(0, 512, (4, 33), generator=torch.Generator().manual_seed(0))
+    return m, x[:, :-1], x[:, 1:]
+
+
+def test_an_untraceable_loss_falls_back_to_eager_with_the_same_numbers(caplog):
+    def loss(logits, y):
+        return opaque_cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
+
+    logits = torch.randn(4, 8, 16, requires_grad=True)
+    y = torch.randint(0, 16, (4, 8))
+    fn = CompiledOrEager(loss, "the test loss", backend="eager")
+    with caplog.at_level(logging.WARNING, logger="baton.runtime.compiled"):
+        got = fn(logits, y)
+    assert torch.equal(got, loss(logits, y))
+    assert fn.fell_back is not None and fn.fell_back.startswith("TorchRuntimeError")
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("train.compile: the test loss could not be compiled on torch ")
+    assert line.endswith("this session runs it eagerly (set train.compile = false to skip the attempt)")
+    assert fallbacks(fn) == [f"the test loss: eager ({fn.fell_back})"]
+
+
+def test_after_a_failed_compile_every_call_is_eager_and_equal_to_eager():
+    calls = []
+
+    def counting_failure(gm, example_inputs):
+        calls.append(1)
+        return _backend_that_fails(gm, example_inputs)
+
+    m, x, y = tiny_batch()
+    results = []
+    for backend in (None, counting_failure):
+        model = build_model(m, "cpu", seed=0)
+        fn = micro_loss_fn(None, compiled=backend is not None, backend=backend)
+        losses = []
+        for _ in range(3):
+            loss = fn(model, x, y)
+            loss.backward()
+            losses.append(loss.detach())
+        results.append((losses, [p.grad.clone() for p in model.parameters()]))
+    assert calls == [1]  # one attempt, then straight to eager
+    assert all(torch.equal(a, b) for a, b in zip(results[0][0], results[1][0]))
+    assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[1][1]))
+
+
+def test_an_error_of_the_computation_itself_is_not_taken_for_a_compile_failure():
+    def broken(t):
+        raise ValueError("a real bug in the step")
+
+    fn = CompiledOrEager(broken, "the broken step", backend="eager")
+    with pytest.raises(ValueError, match="a real bug in the step"):
+        fn(torch.ones(2))
+    assert fn.fell_back is None
+
+
+def test_a_session_whose_compile_fails_trains_exactly_the_eager_run(make_config, monkeypatch):
+    """train.compile = true with a compiler that fails: the session completes, says so in its summary, and its
+    checkpoint is bit-identical to a run with train.compile = false."""
+    summaries, tensors = [], []
+    for setting in ("false", "true"):
+        monkeypatch.setattr(compiled, "BACKEND", _backend_that_fails)
+        cfg = load_config(make_config(name=f"{setting}.toml", store=None, run_name=f"c{setting}"),
+                          [f"train.compile={setting}", "train.steps=4"])
+        summaries.append(baton.train(cfg, progress=False))
+        tensors.append(store_checkpoint_tensors(local_store_root(cfg.store.url), cfg.run.name))
+    assert summaries[0]["compile_fallbacks"] == []
+    (note,) = summaries[1]["compile_fallbacks"]
+    assert note.startswith("the forward and loss: eager (BackendCompilerFailed")
+    assert summaries[1]["compile"] is True
+    assert_tensors_equal(tensors[0][0], tensors[1][0])
+    assert_tensors_equal(tensors[0][1], tensors[1][1])
