@@ -1,6 +1,6 @@
 # Two commands do all the set-up on a fresh machine with Python >= 3.10:
 #   make demo   install, then prepare + train + sample the embedded default (configs/tiny.toml)
-#   make test   install, then lint (make lint) and run the test suite
+#   make test   install, then lint (make lint), run the commands on other library versions, and the test suite
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -26,8 +26,11 @@ lint: $(STAMP)
 	$(BIN)/mypy baton
 	$(BIN)/lint-imports
 
+# First the commands on the library versions users have (tests/compat: the lowest declared versions, a
+# notebook image's set, no extras; each a virtual environment built once into .compat/), then the suite.
 test: lint
+	$(BIN)/python -m pytest -q --compat -n 3 tests/compat
 	$(BIN)/python -m pytest -q -n auto --maxprocesses 4
 
 clean:
-	rm -rf runs store data/tiny
+	rm -rf runs store data/tiny .compat

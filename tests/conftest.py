@@ -72,11 +72,24 @@ def pytest_sessionfinish(session):
         _CAMPAIGN.stop()
 
 
-def pytest_collection_modifyitems(items):
+def pytest_addoption(parser):
+    parser.addoption("--compat", action="store_true",
+                     help="run the tests marked compat (the commands on other library versions, tests/compat): "
+                          "they build virtual environments, so the default run leaves them out")
+
+
+def pytest_collection_modifyitems(config, items):
     """The slow end-to-end tests first: spread over workers (pytest-xdist), they then run beside the rest
     instead of after it. The check of jobs submitted at the start (pytest_sessionstart) goes last instead: its
-    jobs run meanwhile. A stable sort, so the order is otherwise the collection order on every worker."""
+    jobs run meanwhile. A stable sort, so the order is otherwise the collection order on every worker.
+    The compat tests run only when asked for (--compat), and then alone."""
     from support.slurm_jobs import CAMPAIGN_ENV
+
+    compat = config.getoption("--compat")
+    keep = [i for i in items if bool(i.get_closest_marker("compat")) == compat]
+    if len(keep) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        items[:] = keep
 
     early = CAMPAIGN_ENV in os.environ
 
