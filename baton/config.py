@@ -37,6 +37,7 @@ FUSED_CE_FP16 = ("train.fused_ce=true does not run under precision fp16: the fus
                  "or false, or train.precision = \"bf16\" on an Ampere or newer GPU)")
 # The choices other modules name too (the others are written on their fields alone).
 Attn = Literal["eager", "sdpa", "flash_attention_2"]
+AttnSetting = Literal["auto", "eager", "sdpa", "flash_attention_2"]  # model.attn: auto is resolved on the device
 Precision = Literal["fp32", "bf16", "fp16", "auto"]
 Schedule = Literal["wsd", "cosine", "linear"]  # baton.model.schedule computes each
 ATTN_IMPLS: tuple[Attn, ...] = typing.get_args(Attn)
@@ -78,7 +79,9 @@ class ModelConfig(_Section):
     tie_embeddings: bool = opt(True, "share the input embedding with the output head")
     rope_theta: float = opt(10000.0, "RoPE base", gt=0)
     max_seq_len: int = opt(2048, "position limit; must be >= data.seq_len", gt=0)
-    attn: Attn = opt("sdpa", "attention implementation")
+    attn: AttnSetting = opt("auto", "attention implementation: eager, sdpa, flash_attention_2, or auto (sdpa on "
+                                    "CPU and on Ampere or newer GPUs; on older GPUs the faster of eager and sdpa, "
+                                    "measured at the session's shape when it starts)")
     grad_ckpt: bool = opt(False, "activation (gradient) checkpointing")
     init_std: float = opt(0.02, "weight init standard deviation", gt=0)
     norm_eps: float = opt(1e-5, "RMSNorm epsilon", gt=0)

@@ -86,7 +86,7 @@ def test_problems_come_in_field_order_then_the_cross_field_rules():
     cfg = Config()
     cfg.train.log_every, cfg.model.attn, cfg.optim.lr, cfg.model.hidden = 0, "x", -1.0, 102  # type: ignore[assignment]
     lines = _problems(cfg).splitlines()[1:]
-    assert lines == ["  - model.attn='x' is not one of eager, sdpa, flash_attention_2",
+    assert lines == ["  - model.attn='x' is not one of auto, eager, sdpa, flash_attention_2",
                      "  - optim.lr must be > 0, got -1.0",
                      "  - train.log_every must be > 0, got 0",
                      "  - model.hidden=102 is not divisible by model.n_heads=4 (pick n_heads among the divisors of "
@@ -95,7 +95,8 @@ def test_problems_come_in_field_order_then_the_cross_field_rules():
 
 def test_the_reference_shows_choices_and_bounds_from_the_types_and_metadata():
     rows = {key: (tp, default, meaning) for key, tp, default, meaning in reference_table()}
-    assert rows["model.attn"] == ("eager | sdpa | flash_attention_2", '"sdpa"', "attention implementation")
+    assert rows["model.attn"][:2] == ("auto | eager | sdpa | flash_attention_2", '"auto"')
+    assert rows["model.attn"][2].startswith("attention implementation: eager, sdpa, flash_attention_2, or auto")
     assert rows["train.micro_batch"][0] == "int | auto, > 0"
     assert rows["train.compile"][0] == "auto | bool"
     assert rows["optim.beta1"][0] == "float, in [0, 1)" and rows["optim.muon_ns_steps"][0] == "int, in [1, 99]"

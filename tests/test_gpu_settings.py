@@ -114,8 +114,8 @@ def fake_gpu(monkeypatch, capability: tuple[int, int], name: str) -> torch.devic
     return torch.device("cuda", 0)
 
 
-# micro_batch fixed: the probe would need real GPU memory.
-ON_GPU = ["train.micro_batch=4", "train.compile=false"]
+# micro_batch and the attention fixed: their probes would need a real GPU (the attention's is tested below).
+ON_GPU = ["train.micro_batch=4", "train.compile=false", "model.attn=sdpa"]
 
 
 def test_fused_ce_logit_gradients_underflow_in_fp16_before_the_loss_scale():
@@ -191,3 +191,55 @@ def test_a_liger_kernel_that_does_not_import_counts_as_absent(tmp_path, monkeypa
     with caplog.at_level("WARNING"):
         assert fused_ce.installed() is False
     assert "liger-kernel is installed but does not import (RuntimeError: triton 9.9 is required)" in caplog.text
+
+
+def test_attn_auto_is_sdpa_from_ampere_on_without_measuring(monkeypatch):
+    from baton.runtime import attention
+
+    monkeypatch.setattr(attention, "measure", lambda *a, **k: pytest.fail("measured on a GPU that needs no measuring"))
+    for cap, name in (((8, 0), "NVIDIA A100-SXM4-80GB"), ((9, 0), "NVIDIA H200")):
+        cfg = load_config(None, ["train.micro_batch=4", "train.compile=false"])
+        assert cfg.model.attn == "auto"  # the default
+        notes = resolve(cfg, fake_gpu(monkeypatch, cap, name), 1)
+        assert cfg.model.attn == "sdpa"
+        assert notes["attn"] == f"auto -> sdpa (compute capability {cap[0]}.{cap[1]})"
+
+
+@pytest.mark.parametrize("eager_ms, sdpa_ms, want", [(40.0, 61.0, "eager"), (70.0, 61.0, "sdpa")])
+def test_attn_auto_below_ampere_takes_the_faster_at_the_sessions_shape(monkeypatch, eager_ms, sdpa_ms, want):
+    from baton.runtime import attention
+
+    asked = []
+
+    def measure(cfg, impl, device, dtype):
+        asked.append((impl, cfg.data.seq_len, cfg.train.micro_batch, dtype))
+        return {"eager": eager_ms, "sdpa": sdpa_ms}[impl] / 1000
+
+    monkeypatch.setattr(attention, "measure", measure)
+    cfg = load_config(None, ["train.micro_batch=4", "train.compile=false", "train.precision=auto", "data.seq_len=1024",
+                             "model.max_seq_len=1024"])
+    notes = resolve(cfg, fake_gpu(monkeypatch, (7, 5), "Tesla T4"), 1)
+    assert cfg.model.attn == want and cfg.train.precision == "fp16"
+    assert sorted(asked) == [("eager", 1024, 4, torch.float16), ("sdpa", 1024, 4, torch.float16)]
+    assert notes["attn"] == (f"auto -> {want} (compute capability 7.5; forward + backward at the session's shape: "
+                             f"sdpa {sdpa_ms:.1f} ms, eager {eager_ms:.1f} ms)")
+
+
+def test_attn_auto_is_recorded_in_the_summary_the_ledger_and_the_report(make_config, tmp_path):
+    import json
+
+    import baton
+    from baton.guard import local_store_root
+
+    cfg = load_config(make_config(), ["model.attn=auto", "train.steps=2"])
+    summary = baton.train(cfg, progress=False)
+    assert summary["auto_settings"]["attn"] == "auto -> sdpa (cpu)"
+    store = local_store_root(cfg.store.url)
+    (record,) = [json.loads(p.read_text()) for p in (store / cfg.run.name / "ledger").glob("*.json")]
+    assert record["settings"]["model.attn"] == "auto -> sdpa (cpu)"
+    saved = json.loads((store / cfg.run.name / "ckpt" / "step-2" / "state.json").read_text())
+    assert saved["config"]["model"]["attn"] == "sdpa"  # the checkpoint's config says what ran
+    from baton.report import gather, write_report
+
+    write_report(gather(cfg), tmp_path / "report")
+    assert "- session 1: model.attn: auto -> sdpa (cpu)" in (tmp_path / "report" / "report.md").read_text()

@@ -102,8 +102,9 @@ def checkpoint_model(cfg, source: str, tmp: Path, step: int | None = None) -> tu
 def portable(m: ModelConfig) -> ModelConfig:
     """The saved model with an attention every machine runs. FlashAttention-2 and SDPA compute the same
     function of the same weights (SDPA picks a flash kernel itself where the GPU has one), while flash-attn
-    is a CUDA-only package that the machine exporting, evaluating or publishing a run often lacks."""
-    return dataclasses.replace(m, attn="sdpa") if m.attn == "flash_attention_2" else m
+    is a CUDA-only package that the machine exporting, evaluating or publishing a run often lacks; "auto" says
+    what to choose on a device, and an exported folder names what it runs."""
+    return dataclasses.replace(m, attn="sdpa") if m.attn in ("flash_attention_2", "auto") else m
 
 
 def export_run(cfg, source: str, out: Path, step: int | None = None) -> Path:

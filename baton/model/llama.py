@@ -27,7 +27,9 @@ def hf_config(m: ModelConfig) -> LlamaConfig:
         mlp_bias=False,
         use_cache=False,
     )
-    cfg._attn_implementation = m.attn
+    # "auto" is resolved on the device when a session starts (baton.runtime.attention.resolve); a model built
+    # outside one (export, evaluation, a bench cell) takes sdpa, what auto is everywhere but on pre-Ampere GPUs.
+    cfg._attn_implementation = "sdpa" if m.attn == "auto" else m.attn
     return cfg
 
 

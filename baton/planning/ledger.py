@@ -88,6 +88,8 @@ class LedgerRecord:
     slurm_array_task: int | None = None  # its index in a job array (SLURM_ARRAY_TASK_ID)
     slurm_restarts: int | None = None  # times the job had been requeued before this session (SLURM_RESTART_COUNT)
     requeued: bool = False  # it ended by requeueing its SLURM job for the next session (train.requeue)
+    # How each "auto" setting resolved on this session's machine: setting -> "auto -> value (why)"
+    settings: dict[str, str] = field(default_factory=dict)
 
     @property
     def last_ts(self) -> float:
@@ -119,6 +121,9 @@ class LedgerRecord:
             raise ValueError("slurm_job is not a job id")
         if not isinstance(d.get("requeued", False), bool):
             raise ValueError("requeued is not true or false")
+        settings = d.get("settings") or {}
+        if not isinstance(settings, dict) or not all(isinstance(v, str) for v in settings.values()):
+            raise ValueError("settings is not a table of resolved settings")
         booked = d.get("checkpoints") or []
         if not isinstance(booked, list) or not all(isinstance(c, dict) and type(c.get("step")) is int for c in booked):
             raise ValueError("checkpoints is not a list of checkpoint records")

@@ -31,8 +31,10 @@ def _fail_detail(p) -> str:
 
 @timed
 def stage_throughput(ctx: Context) -> StageResult:
-    from ..bench import pick, run_grid
+    from ..bench import pick, precision_for, run_grid
     from ..planning.plan import PlanInput, plan
+    from ..runtime import attention
+    from ..runtime.autotune import AUTOCAST
 
     r = StageResult("throughput")
     cfg = ctx.scaled
@@ -43,7 +45,9 @@ def stage_throughput(ctx: Context) -> StageResult:
 
         micro = auto_micro_batch(cfg, device, cfg.train.global_batch)[0]
     micros = sorted({micro, max(1, micro // 2)})
-    cells = run_grid(cfg, [cfg.model.attn], [cfg.data.seq_len], micros, [cfg.model.grad_ckpt], [False],
+    # The attention a session on this device runs ("auto" resolved as `baton train` resolves it).
+    attn, _ = attention.resolve(cfg, device, AUTOCAST.get(precision_for(cfg, device)))
+    cells = run_grid(cfg, [attn], [cfg.data.seq_len], micros, [cfg.model.grad_ckpt], [False],
                      cfg.tokens_per_step, device, warmup=1, steps=3, target_tokens=ctx.cfg.total_steps * ctx.cfg.tokens_per_step)
     r.numbers["cells"] = [{"label": c.label, "status": c.status, "tokens_per_s": c.tokens_per_s,
                            "optimizer_seconds": c.optim_seconds, "peak_bytes": c.peak_bytes, "reason": c.reason}

@@ -57,6 +57,10 @@ def write_report(doc: dict[str, Any], out: Path) -> Path:
                      f"{s['outcome']} |")
     lines += ["", f"Session ends at steps: {', '.join(map(str, doc['session_ends'])) or 'none'}; resumes at steps: "
               f"{', '.join(map(str, doc['resumes'])) or 'none'}.", ""]
+    resolved = [(s["n"], k, v) for s in doc["sessions"] for k, v in sorted((s.get("settings") or {}).items())]
+    if resolved:
+        lines += ["How each session resolved its `auto` settings on its machine:", ""]
+        lines += [f"- session {n}: {k}: {v}" for n, k, v in resolved] + [""]
     if doc["spikes"]:
         lines += ["## Loss spikes (train.spike_threshold)", "", "| step | loss | MADs above median | windows |",
                   "|---|---|---|---|"]

@@ -1,4 +1,10 @@
-"""Whether ``model.attn`` can run on the session's device, decided once at session start.
+"""Which attention kernel a session runs (``model.attn = "auto"``), and whether the one configured can run
+on the session's device, decided once at session start.
+
+auto: SDPA on the CPU and on Ampere or newer GPUs, where it dispatches to its flash / cuDNN / memory-efficient
+kernels (the eager implementation materialises the attention matrix: 3x slower on an H200 at seq 2048). On
+older GPUs (a T4 is 7.5) SDPA has no flash kernel for these head sizes and eager can win (+52 % at seq 1024
+in the reference run), so the session measures both at its own shape and takes the faster.
 
 transformers checks only that the flash-attn package imports; on a GPU older than Ampere (a T4 is
 compute capability 7.5) FlashAttention-2 then fails at the first forward, after the data, the model and
@@ -12,7 +18,9 @@ import importlib.util
 
 import torch
 
+from ..config import Attn, Config
 from ..errors import ConfigError
+from . import cuda
 
 # FlashAttention-2's kernels are built for Ampere (sm80) and newer.
 FLASH2_MIN_CAPABILITY = (8, 0)
@@ -44,8 +52,6 @@ def device_refusal(attn: str, device: torch.device) -> str | None:
     """``refusal`` for a real device."""
     cap = name = None
     if device.type == "cuda":
-        from . import cuda
-
         cap, name = cuda.capability(device), cuda.name(device)
     return refusal(attn, device.type, cap, attn == "flash_attention_2" and flash_installed(), name or "this GPU")
 
@@ -54,3 +60,55 @@ def check(attn: str, device: torch.device) -> None:
     why = device_refusal(attn, device)
     if why is not None:
         raise ConfigError(why)
+
+
+# auto takes SDPA without measuring from this compute capability on.
+SDPA_MIN_CAPABILITY = (8, 0)
+
+
+def resolve(cfg: Config, device: torch.device, dtype: torch.dtype | None) -> tuple[Attn, str | None]:
+    """(the implementation ``cfg.model.attn`` is on ``device``, how auto decided or None when it was not auto).
+    ``dtype``: the autocast dtype the session trains under, which the measurement uses."""
+    attn = cfg.model.attn
+    if attn != "auto":
+        return attn, None
+    if device.type != "cuda":
+        return "sdpa", f"auto -> sdpa ({device.type})"
+    cap = cuda.capability(device)
+    if cap >= SDPA_MIN_CAPABILITY:
+        return "sdpa", f"auto -> sdpa (compute capability {cap[0]}.{cap[1]})"
+    candidates: tuple[Attn, ...] = ("sdpa", "eager")
+    seconds = {impl: measure(cfg, impl, device, dtype) for impl in candidates}
+    best = min(candidates, key=lambda k: seconds[k])
+    said = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in seconds.items())
+    return best, f"auto -> {best} (compute capability {cap[0]}.{cap[1]}; forward + backward at the session's shape: {said})"
+
+
+def measure(cfg: Config, impl: Attn, device: torch.device, dtype: torch.dtype | None, repeats: int = 3) -> float:
+    """Seconds of one forward + backward of a throwaway model with ``impl`` at the session's sequence length
+    and micro-batch (1 when that is still auto): the best of ``repeats`` after one untimed warm-up."""
+    import dataclasses
+    import time
+    from contextlib import nullcontext
+
+    from ..model.llama import build_model
+
+    mb = cfg.train.micro_batch if isinstance(cfg.train.micro_batch, int) else 1
+    model = build_model(dataclasses.replace(cfg.model, attn=impl), device)
+    x = torch.zeros((mb, cfg.data.seq_len), dtype=torch.long, device=device)
+    best = float("inf")
+    try:
+        for i in range(repeats + 1):
+            cuda.synchronize(device)
+            t0 = time.perf_counter()
+            with torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext():
+                loss = model(input_ids=x).logits.float().mean()
+            loss.backward()
+            cuda.synchronize(device)
+            if i:
+                best = min(best, time.perf_counter() - t0)
+            model.zero_grad(set_to_none=True)
+    finally:
+        del model, x
+        cuda.empty_cache()
+    return best

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from ..config import Config, Precision
 from ..errors import ConfigError
-from . import cuda, fused_ce, memory
+from . import attention, cuda, fused_ce, memory
 from .compiled import CompiledOrEager
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,10 @@ def resolve(cfg: Config, device: torch.device, world: int) -> dict[str, Any]:
         raise ConfigError(f"train.precision=bf16 needs a GPU with bf16 tensor cores (compute capability 8.0 or newer), "
                           f"and {cuda.name(device)} is {cap[0]}.{cap[1]} (set train.precision = "
                           "\"fp16\", or \"auto\", which picks fp16 there)")
+    attn, how = attention.resolve(cfg, device, AUTOCAST.get(t.precision))
+    if how is not None:
+        cfg.model.attn = attn
+        notes["attn"] = how
     if t.compile == "auto":
         # On by default where it pays: on CUDA (measured in benchmarks/gpu_check.py) from compute capability
         # 7.0, the oldest Triton generates kernels for (a P100 cannot compile); on CPU the minutes of code
@@ -75,7 +79,7 @@ def resolve(cfg: Config, device: torch.device, world: int) -> dict[str, Any]:
         notes["micro_batch"] = f"auto -> {t.micro_batch} (accumulation {per_rank // t.micro_batch})"
     for k, v in notes.items():
         if isinstance(v, str):
-            log.info("train.%s: %s", k, v)
+            log.info("%s.%s: %s", "model" if k == "attn" else "train", k, v)
     return notes
 
 

@@ -113,6 +113,9 @@ def build(cfg: Config, stop_after: int | None, started: float, deadline: float |
             f"{cfg.model.vocab_size} (raise model.vocab_size to at least {data.vocab_size})"
         )
     ledger = _open_ledger(cfg, store, info, device, started, deadline, source)
+    if ledger is not None:  # written with the record's next write (the resume)
+        ledger.rec.settings = {("model." if k == "attn" else "train.") + k: v for k, v in perf_notes.items()
+                               if isinstance(v, str)}
     model = build_model(cfg.model, device, seed=cfg.train.seed)
     n_params = count_parameters(model)
     if n_params != param_count(cfg.model):
