@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_ON_CPU = ("fp16", "bf16", "fp32", "base", "eval_probe", "resume_det", "resume_nondet", "fsdp_fp16", "ckpt",
-              "eager")
+              "eager", "cli")
 
 
 def test_gpu_check_smoke(tmp_path):
@@ -60,6 +60,14 @@ def test_gpu_check_smoke(tmp_path):
     for r in (r0, r1):
         assert r[0]["weights_unchanged"] is True and (r[0]["scale_before"], r[0]["scale_after"]) == (1024.0, 512.0)
         assert r[1]["weights_unchanged"] is False and (r[1]["scale_before"], r[1]["scale_after"]) == (512.0, 512.0)
+    # The commands as a person types them, every device setting at auto: each exited 0, preflight passed, the
+    # SIGTERM'd session stopped mid-run and the next one, on an emptied run folder, resumed there and finished.
+    cli = rows["cli"]
+    assert cli["checks"] == {"bench_two_cells_ok": True, "preflight_pass": True, "sigterm_stopped_mid_run": True,
+                             "resumed_where_it_stopped": True, "run_complete": True, "sample_printed": True}
+    assert list(cli["commands_seconds"]) == ["prepare", "bench", "preflight", "train (SIGTERM)", "train (resume)",
+                                             "export", "eval", "sample"]
+    assert cli["auto_settings"]["attn"] == "auto -> sdpa (cpu)"
     # The Trainer race ran the same steps on both sides.
     if rows["trainer"]["status"] == "ok":
         assert rows["trainer"]["steps_each"] == 4 and rows["trainer"]["steps_measured"] == 3
