@@ -172,6 +172,8 @@ def _prepare(cfg: Config, readers: list[SourceReader], tok: Path | None, tok_sou
     shards: list[dict]
     state: dict | None
     if resumed is None:
+        for r in readers:
+            r.check_field()
         out.mkdir(parents=True, exist_ok=True)
         _clean(out)
         _make_tokenizer(cfg, readers, out, tok)

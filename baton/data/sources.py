@@ -80,6 +80,12 @@ class SourceReader:
             self._dataset = self._load_dataset()
         self.est_bytes = self._estimate()
 
+    def check_field(self) -> None:
+        """A Hub source whose first file lacks the configured field is refused before prepare writes or downloads
+        anything (its files would otherwise be fetched, and the folder begun, only to stop at the first row)."""
+        if self.hub is not None and (why := self.hub.missing_field(self.src.field)):
+            raise DataError(why)
+
     def identity(self) -> list[list[Any]]:
         """What the prepared bytes depend on, cheaply: every file's path, size and modification time."""
         if self.hub is not None:

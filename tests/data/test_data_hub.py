@@ -196,6 +196,29 @@ def test_a_bad_token_a_missing_repository_revision_column_or_file_is_one_line(hu
         "check the name (owner/name) and whether it is a dataset or a model repository")
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_missing_text_field_is_refused_before_anything_is_written_or_downloaded(hub, tmp_path, tokenizer_file,
+                                                                                  stream):
+    """As a missing repository or revision is: one line, and no data folder, no download (ranged reads of the
+    first file's footer or first line only)."""
+    files = corpus_files(n_files=2)
+    repo, commit = new_repo(hub, files)
+    extra = 'field = "body"\n' + ("stream = true\n" if stream else "")
+    for glob, said in [("data/*.parquet", f"{repo}/data/train-00000.parquet@{commit[:12]} has no column 'body' "
+                                          "(columns: id, text, lang); set field = \"...\" on the source"),
+                       ("data/*.jsonl.gz", f"{repo}/data/extra.jsonl.gz@{commit[:12]}:1 has no field 'body' (set "
+                                           "field = \"...\" on the source)"),
+                       ("data/small.jsonl", f"{repo}/data/small.jsonl@{commit[:12]}:1 has no field 'body' (set "
+                                            "field = \"...\" on the source)")]:
+        name = glob.replace("/", "-").replace("*", "all")
+        mark = len(hub.requests)
+        assert _fails(tmp_path, name, hub_source(repo, glob, extra), str(tokenizer_file)) == said
+        assert not (tmp_path / name).exists()
+        assert not (tmp_path / "hf-cache").exists() or not list((tmp_path / "hf-cache").rglob("*.parquet")) + list(
+            (tmp_path / "hf-cache").rglob("*.jsonl*"))
+        assert len([p for _, p in hub.requests[mark:] if "/resolve/" in p or "/lfs-blob/" in p]) <= 4
+
+
 def test_a_file_whose_bytes_do_not_match_the_listing_is_refused_before_a_row_is_read(hub, tmp_path, tokenizer_file):
     files = corpus_files(n_files=3)
     repo, commit = new_repo(hub, files)
