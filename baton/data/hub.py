@@ -184,6 +184,11 @@ class HubDataset:
                             f"{asked} (the repository holds {some}{', ...' if len(everything) > 5 else ''}); fix "
                             f"{'the README.md configs or choose another config' if config else 'the glob'}")
         self.stream_dir = stream_dir
+        if stream_dir is not None:
+            # A killed prepare leaves its downloads in flight as partial files, each named for its process: none
+            # is ever resumed, so every kill would add one to the disk. Gone before anything is fetched.
+            for partial in stream_dir.rglob("*.incomplete"):
+                partial.unlink(missing_ok=True)
         self.prefetch = prefetch
         self._pool = ThreadPoolExecutor(max(1, prefetch), thread_name_prefix="hub-fetch")
         self._lock = threading.Lock()
@@ -230,6 +235,16 @@ class HubDataset:
                 self._pending.pop(i, None)
                 self._verified[i] = path
         return self._verified[i]
+
+    def forget_before(self, i: int) -> None:
+        """Reading starts at file ``i``: a streaming source deletes the copies of earlier files that a killed
+        prepare left (read through, but not yet released when the kill came)."""
+        if self.stream_dir is None:
+            return
+        with self._lock:
+            for j in range(min(i, len(self.files))):
+                if j not in self._pending and j not in self._verified:
+                    (self.stream_dir / self.files[j].path).unlink(missing_ok=True)
 
     def release(self, i: int) -> None:
         """File ``i`` is read through: a streaming source deletes its copy (a later pass fetches it again)."""
