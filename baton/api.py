@@ -157,7 +157,15 @@ def load_config(path: str | Path | None = None,
     if isinstance(overrides, Mapping):
         # A JSON literal is a TOML literal for the value types a config holds (strings, numbers, booleans,
         # lists of them), so a Python value arrives typed exactly, never re-guessed from its text.
-        items = [f"{key}={json.dumps(value)}" for key, value in overrides.items()]
+        items, wrong = [], []
+        for key, value in overrides.items():
+            try:
+                items.append(f"{key}={json.dumps(value)}")
+            except (TypeError, ValueError):  # not a JSON value: an object, a set, a list that holds itself
+                wrong.append(f"{key}: {type(value).__name__} {value!r}")
+        if wrong:
+            raise ConfigError(f"overrides: {'; '.join(wrong)} is not a config value (use a string, number, boolean "
+                              "or a list of them)")
     else:
         items = list(overrides or ())
     return load(path, items)

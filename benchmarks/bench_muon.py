@@ -8,11 +8,15 @@ optimizer differs, built by ``baton.model.optimizer.build_optimizer`` as ``baton
 learning rate set by ``set_lr`` as the loop sets it. The validation loss is the mean over the held-out
 windows, every ``--eval-every`` steps and at the end.
 
-Each optimizer runs at its best learning rate from a small grid: AdamW at ``--adamw-lrs``; Muon at
-``--muon-lrs`` for its matrices, with the embeddings, head and norms on AdamW at AdamW's best lr. The runs of
-a grid step in lockstep (one step of each in turn), so the machine's load falls on all of them alike; the
-best AdamW run is repeated beside the Muon grid, which times both optimizer steps side by side (the
-median of ``optimizer.step()`` per run) and checks that a run repeats exactly.
+Each optimizer runs at its best learning rate from a grid: AdamW at ``--adamw-lrs``; Muon at ``--muon-lrs``
+for its matrices, with the embeddings, head and norms on AdamW at AdamW's best lr. A best at the edge of its
+grid says only that the optimum lies beyond it, and a baseline tuned that way flatters the other side: each
+grid is extended past the edge holding its best (by the grid's own ratio) until the best is interior, up to
+``--max-widen`` more runs per optimizer (the result says when that was not enough). The runs of a grid step in
+lockstep (one step of each in turn), so the machine's load falls on all of them alike; the best AdamW run is
+repeated beside the first Muon grid, which times both optimizer steps side by side (the median of
+``optimizer.step()`` per run; Muon's step time does not depend on its lr) and checks that a run repeats
+exactly.
 
 Tokens to target: the first evaluation at which Muon's validation loss is at or below AdamW's final one,
 in tokens, over AdamW's tokens for its whole run. Muon's curve is read during its own plateau, before its
@@ -103,6 +107,31 @@ def lockstep(runs: list[Run], batches: list[list], vx, vy, eval_every: int, toke
                 r.evaluate((step + 1) * tokens_per_step, vx, vy)
 
 
+def beyond_edge(finals: dict[float, float]) -> float | None:
+    """The learning rate to try next: one grid step past the edge that holds the best final loss (a diverged
+    run counts as worst), or None when the best is interior. The step is the grid's smallest ratio between
+    neighbours (2 for a single point)."""
+    lrs = sorted(finals)
+    best = min(lrs, key=lambda lr: finals[lr] if math.isfinite(finals[lr]) else math.inf)
+    ratio = min((b / a for a, b in zip(lrs, lrs[1:])), default=2.0)
+    if best == lrs[0]:
+        return lrs[0] / ratio
+    if best == lrs[-1]:
+        return lrs[-1] * ratio
+    return None
+
+
+def widened(finals: dict[float, float], evaluate, max_widen: int) -> bool:
+    """Extend ``finals`` ({lr: final loss} of the grid run so far) with ``evaluate(lr)`` past the edge holding
+    the best until the best is interior; False when ``max_widen`` more runs did not get there."""
+    for _ in range(max_widen):
+        lr = beyond_edge(finals)
+        if lr is None:
+            return True
+        finals[lr] = evaluate(lr)
+    return beyond_edge(finals) is None
+
+
 def tokens_to_reach(curve: list[tuple[int, float]], target: float) -> int | None:
     return next((tok for tok, val in curve if val <= target), None)
 
@@ -132,39 +161,61 @@ def bench_shape(shape: str, args, work: Path, out: Path) -> dict:
         c.validate()
         return c
 
+    def alone(run: Run) -> float:
+        lockstep([run], batches, vx, vy, args.eval_every, tps)
+        return run.final
+
     t0 = time.perf_counter()
-    adamw = [Run(f"adamw lr {lr:g}", cfg_for("adamw", lr), steps) for lr in args.adamw_lrs]
-    lockstep(adamw, batches, vx, vy, args.eval_every, tps)
-    best_a = min(adamw, key=lambda r: r.final)
+    adamw = {lr: Run(f"adamw lr {lr:g}", cfg_for("adamw", lr), steps) for lr in args.adamw_lrs}
+    lockstep(list(adamw.values()), batches, vx, vy, args.eval_every, tps)
+
+    def more_adamw(lr: float) -> float:
+        adamw[lr] = Run(f"adamw lr {lr:g}", cfg_for("adamw", lr), steps)
+        return alone(adamw[lr])
+
+    adamw_interior = widened({lr: r.final for lr, r in adamw.items()}, more_adamw, args.max_widen)
+    best_a = min(adamw.values(), key=lambda r: r.final if math.isfinite(r.final) else math.inf)
     a_lr = best_a.cfg.optim.lr
     again = Run(f"adamw lr {a_lr:g} (repeat)", cfg_for("adamw", a_lr), steps)
-    muon = [Run(f"muon lr {m:g} (adamw part {a_lr:g})", cfg_for("muon", a_lr, m), steps) for m in args.muon_lrs]
-    lockstep([again, *muon], batches, vx, vy, args.eval_every, tps)
+    muon = {m: Run(f"muon lr {m:g} (adamw part {a_lr:g})", cfg_for("muon", a_lr, m), steps) for m in args.muon_lrs}
+    timed = next(iter(muon.values()))  # stepped beside the repeat: the step times compared
+    lockstep([again, *muon.values()], batches, vx, vy, args.eval_every, tps)
+
+    def more_muon(m: float) -> float:
+        muon[m] = Run(f"muon lr {m:g} (adamw part {a_lr:g})", cfg_for("muon", a_lr, m), steps)
+        return alone(muon[m])
+
+    muon_interior = widened({m: r.final for m, r in muon.items()}, more_muon, args.max_widen)
     seconds = time.perf_counter() - t0
-    best_m = min(muon, key=lambda r: r.final)
+    best_m = min(muon.values(), key=lambda r: r.final if math.isfinite(r.final) else math.inf)
 
     target = best_a.final
     reached = tokens_to_reach(best_m.curve, target)
     total = steps * tps
     ratio = reached / total if reached is not None else math.inf
-    step_ratio = statistics.median(best_m.step_times) / statistics.median(again.step_times)
+    step_ratio = statistics.median(timed.step_times) / statistics.median(again.step_times)
     result = {
         "shape": shape, "steps": steps, "tokens_per_step": tps, "tokens": total, "eval_every": args.eval_every,
         "val_windows": args.val_windows, "seconds": round(seconds, 1),
-        "adamw_lrs": args.adamw_lrs, "muon_lrs": args.muon_lrs,
+        "adamw_lrs": sorted(adamw), "muon_lrs": sorted(muon),
+        "adamw_best_interior": adamw_interior, "muon_best_interior": muon_interior,
         "best_adamw_lr": a_lr, "best_muon_lr": best_m.cfg.optim.muon_lr,
         "adamw_final_val": target, "muon_final_val": best_m.final,
         "muon_tokens_to_adamw_final": reached, "tokens_ratio": ratio,
         "optimizer_step_ms": {"adamw": statistics.median(again.step_times) * 1e3,
-                              "muon": statistics.median(best_m.step_times) * 1e3},
+                              "muon": statistics.median(timed.step_times) * 1e3},
         "optimizer_step_ratio": step_ratio,
         "repeat_exact": again.curve == best_a.curve,
-        "finals": {r.label: r.final for r in [*adamw, *muon]},
-        "curves": {r.label: r.curve for r in [*adamw, *muon]},
+        "finals": {r.label: r.final for r in [*_by_lr(adamw), *_by_lr(muon)]},
+        "curves": {r.label: r.curve for r in [*_by_lr(adamw), *_by_lr(muon)]},
     }
     _plot(result, out / f"muon_{shape}.png", best_a.label, best_m.label)
     (out / f"muon_{shape}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     return result
+
+
+def _by_lr(runs: dict[float, Run]) -> list[Run]:
+    return [runs[lr] for lr in sorted(runs)]
 
 
 def _plot(result: dict, path: Path, best_a: str, best_m: str) -> None:
@@ -201,6 +252,8 @@ def main() -> None:
     ap.add_argument("--val-windows", type=int, default=64)
     ap.add_argument("--adamw-lrs", type=float, nargs="+", default=[1e-3, 2e-3, 4e-3, 8e-3])
     ap.add_argument("--muon-lrs", type=float, nargs="+", default=[0.01, 0.02, 0.04, 0.08])
+    ap.add_argument("--max-widen", type=int, default=4,
+                    help="runs added per optimizer past the edge of its grid while its best lies on that edge")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--work", default=None, help="working folder (default: $TMPDIR/baton-bench)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="where the plots and JSON go")
@@ -220,6 +273,10 @@ def main() -> None:
             print(f"  {label:34s} final val loss {final:.4f}")
         print(f"  AdamW best lr {r['best_adamw_lr']:g}: final {r['adamw_final_val']:.4f}; Muon best lr "
               f"{r['best_muon_lr']:g}: final {r['muon_final_val']:.4f}; repeat exact: {r['repeat_exact']}")
+        for name in ("adamw", "muon"):
+            if not r[f"{name}_best_interior"]:
+                print(f"  WARNING: {name}'s best lr is still at the edge of {r[f'{name}_lrs']} after --max-widen "
+                      f"{args.max_widen} more runs: its tuning is not done")
         reached = r["muon_tokens_to_adamw_final"]
         print(f"  TOKENS TO ADAMW'S FINAL LOSS (Muon / AdamW) = "
               f"{r['tokens_ratio']:.3f} ({reached if reached is not None else 'not reached'} / {r['tokens']})  "

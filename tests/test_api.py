@@ -77,6 +77,9 @@ def test_the_api_says_a_wrong_kind_of_argument_in_one_line(make_config):
                                                          "2.5"),
         (lambda: baton.train(cfg, stop_after_steps=0), "--stop-after-steps must be a positive step number, got 0"),
         (lambda: baton.train(cfg, nproc="2"), "baton.train: nproc must be int, got str '2'"),
+        (lambda: baton.load_config(cfg_path, {"train.steps": object()}), "overrides: train.steps: object <object"),
+        (lambda: baton.load_config(cfg_path, {"data.seq_len": {16}}), "overrides: data.seq_len: set {16} is not a "
+                                                                     "config value"),
     ]:
         with pytest.raises(baton.BatonError) as e:
             call()

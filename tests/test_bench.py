@@ -156,3 +156,37 @@ def test_bench_times_the_runs_optimizer_step(make_config, baton_cli, tmp_path):
     (cell,) = data["cells"]
     assert cell["status"] == "ok" and 0 < cell["optim_seconds"] < cell["step_seconds"]
     assert "| optimizer s |" in p.stdout and "optimizer muon" in (out / "bench.md").read_text()
+
+
+def test_the_muon_benchmark_widens_each_grid_until_its_best_is_interior():
+    """A baseline whose best lr sits at its grid's edge is not tuned: the grid grows past that edge, by its own
+    ratio, until the best is inside it (or says it ran out of room)."""
+    import math
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import bench_muon
+    finally:
+        sys.path.pop(0)
+
+    def loss(lr: float) -> float:  # a valley at 5e-4, and divergence above 0.05
+        return math.nan if lr > 0.05 else (math.log2(lr) - math.log2(5e-4)) ** 2
+
+    tried: list[float] = []
+
+    def evaluate(lr: float) -> float:
+        tried.append(lr)
+        return loss(lr)
+
+    finals = {lr: loss(lr) for lr in (0.002, 0.004, 0.008)}  # the best, 0.002, at the low edge
+    assert bench_muon.widened(finals, evaluate, max_widen=6)
+    assert tried == pytest.approx([0.001, 0.0005, 0.00025])
+    assert min(finals, key=finals.get) == pytest.approx(5e-4) and bench_muon.beyond_edge(finals) is None
+    # Upwards, past a diverged run (counted as the worst), and a limit that is not enough is said.
+    up = {lr: loss(lr) for lr in (1e-5, 2e-5, 4e-5)}
+    assert not bench_muon.widened(up, lambda lr: loss(lr), max_widen=2)
+    assert sorted(up)[-1] == pytest.approx(1.6e-4)
+    assert bench_muon.beyond_edge({0.1: math.nan, 0.2: math.nan, 0.05: 3.0}) == pytest.approx(0.025)
+    assert bench_muon.beyond_edge({0.01: 1.0}) == pytest.approx(0.005)

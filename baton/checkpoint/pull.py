@@ -32,6 +32,10 @@ def pull_checkpoint(store: Store, run: str, pointer: Pointer, dest: Path) -> Pat
         except LocalDiskError as e:
             raise ResumeError(f"could not download {key}: {e}; the store is untouched") from None
         except StoreError as e:
+            folder = f"{run}/{pointer.path}"
+            if not _holds_any(store, folder):  # the whole folder is gone, not one file: name the folder
+                raise ResumeError(f"the pointer names the checkpoint folder {folder}, but {store.describe()} holds "
+                                  f"nothing under it (deleted or pruned outside baton?): {fallback(pointer)}") from None
             raise ResumeError(f"the pointer names {key}, but it could not be downloaded: {e} (check the store and "
                               f"rerun; if the file is gone, {fallback(pointer)})") from None
         size = (dest / name).stat().st_size
@@ -42,3 +46,12 @@ def pull_checkpoint(store: Store, run: str, pointer: Pointer, dest: Path) -> Pat
                 f"{info['size']} and {info['sha256'][:12]}…: the store's copy is damaged ({fallback(pointer)})"
             )
     return dest
+
+
+def _holds_any(store: Store, folder: str) -> bool:
+    """Whether the store lists anything under ``folder`` (True when it cannot even list: the download's own
+    error then says more)."""
+    try:
+        return bool(store.list(folder + "/", checksums=False))
+    except StoreError:
+        return True

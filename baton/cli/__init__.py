@@ -65,11 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", choices=("sample", "full"), default=None,
                    help="read-back after each push: sample (start, end and a random window of every file) or "
                         "full (every byte); shorthand for --set store.verify=...")
-    from ..session.drift import ALLOWABLE  # the keys the drift check allows: its help is theirs
+    from ..session.drift import allow_change_keys  # the keys the drift check allows: its help is theirs
 
     p.add_argument("--allow-change", action="append", default=[], metavar="KEY",
-                   help="resume although KEY differs from the checkpoint, on purpose (repeatable; one of: "
-                        + "; ".join(f"{k}: {what}" for k, what in ALLOWABLE.items()) + ")")
+                   help=f"resume although KEY differs from the checkpoint, on purpose (repeatable; "
+                        f"{allow_change_keys()})")
     p.add_argument("--micro-batch", default=None, metavar="N|auto",
                    help="samples per forward/backward (same as --set train.micro_batch=...); auto: on a GPU, the "
                         "largest that fits, probed at start, with the global batch kept by accumulation")

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from ..config import Config
 from ..errors import BatonError
 from ..guard import count
-from ..planning.plan import iso, parse_count, plan
+from ..planning.plan import iso_by, parse_count, plan
 from ..planning.tripwires import apply_tripwires, evaluate_tripwires, parse_tripwire
 from ..views.plan import format_plan, plan_input, plan_options
 
@@ -199,5 +199,5 @@ def run_plan(args, cfg: Config | None) -> int:
                   + (f"  [problem: {r.problem}]" if r.problem else ""))
         if fired_plan:
             print(f"  after the tripped actions, at {measured:,.0f} tok/s: {len(fired_plan.sessions)} sessions, "
-                  f"{fired_plan.billed_hours:.1f} GPU-hours, ETA {iso(fired_plan.eta)}")
+                  f"{fired_plan.billed_hours:.1f} GPU-hours, ETA {iso_by(fired_plan.eta)}")
     return 0

@@ -19,15 +19,19 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import io
+import json
 import logging
 import os
 import re
 import threading
+import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import extras
 from ..errors import DataError
 from ..store import hubhttp
 
@@ -181,6 +185,11 @@ class HubDataset:
                             f"{asked} (the repository holds {some}{', ...' if len(everything) > 5 else ''}); fix "
                             f"{'the README.md configs or choose another config' if config else 'the glob'}")
         self.stream_dir = stream_dir
+        if stream_dir is not None:
+            # A killed prepare leaves its downloads in flight as partial files, each named for its process: none
+            # is ever resumed, so every kill would add one to the disk. Gone before anything is fetched.
+            for partial in stream_dir.rglob("*.incomplete"):
+                partial.unlink(missing_ok=True)
         self.prefetch = prefetch
         self._pool = ThreadPoolExecutor(max(1, prefetch), thread_name_prefix="hub-fetch")
         self._lock = threading.Lock()
@@ -228,6 +237,16 @@ class HubDataset:
                 self._verified[i] = path
         return self._verified[i]
 
+    def forget_before(self, i: int) -> None:
+        """Reading starts at file ``i``: a streaming source deletes the copies of earlier files that a killed
+        prepare left (read through, but not yet released when the kill came)."""
+        if self.stream_dir is None:
+            return
+        with self._lock:
+            for j in range(min(i, len(self.files))):
+                if j not in self._pending and j not in self._verified:
+                    (self.stream_dir / self.files[j].path).unlink(missing_ok=True)
+
     def release(self, i: int) -> None:
         """File ``i`` is read through: a streaming source deletes its copy (a later pass fetches it again)."""
         if self.stream_dir is None:
@@ -239,6 +258,55 @@ class HubDataset:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def missing_field(self, field: str) -> str | None:
+        """Why the first file has no ``field`` (None: it has it, or a short read cannot tell), read from the Hub
+        in ranged requests (a Parquet footer, a JSONL file's first line), so that a wrong field is said before
+        anything is written or downloaded. Reading names the same problem in any later file."""
+        f, name = self.files[0], self.name(0)
+        if f.size < 12:
+            return None
+        if f.path.endswith(".parquet"):
+            tail = self._range(0, f.size - 8, f.size - 1)
+            n = int.from_bytes(tail[:4], "little")
+            if tail[4:] != b"PAR1" or n + 12 > f.size:
+                return None  # not Parquet after all: the read says so with the file's name
+            pq = extras.require("pyarrow.parquet", "a Hub source's Parquet files")
+            try:
+                names = pq.read_schema(io.BytesIO(b"PAR1" + self._range(0, f.size - 8 - n, f.size - 1))).names
+            except Exception:  # noqa: BLE001 - a damaged footer is the read's to name, with its hashes checked
+                return None
+            if field in names:
+                return None
+            return f"{name} has no column {field!r} (columns: {', '.join(names)}); set field = \"...\" on the source"
+        head = self._range(0, 0, min(f.size, 1 << 16) - 1)
+        try:
+            if f.path.endswith(".gz"):
+                head = zlib.decompressobj(wbits=31).decompress(head)
+            lines = head.split(b"\n")[:-1]  # whole lines only
+            lineno, line = next((k + 1, ln) for k, ln in enumerate(lines) if ln.strip())
+            obj = json.loads(line)
+        except (StopIteration, ValueError, zlib.error):
+            return None  # a first line longer than the read, or not JSON: the read names it
+        if isinstance(obj, dict) and field in obj:
+            return None
+        return f"{name}:{lineno} has no field {field!r} (set field = \"...\" on the source)"
+
+    def _range(self, i: int, start: int, end: int) -> bytes:
+        """Bytes ``start..end`` (inclusive) of file ``i`` at the commit, without downloading the file."""
+        from huggingface_hub import hf_hub_url
+        from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+        f = self.files[i]
+        url = hf_hub_url(self.repo, f.path, repo_type="dataset", revision=self.commit, endpoint=endpoint())
+
+        def call() -> bytes:
+            r = get_session().get(url, headers={**build_hf_headers(), "Range": f"bytes={start}-{end}"},
+                                  follow_redirects=True)
+            hf_raise_for_status(r)
+            return r.content if r.status_code == 206 else r.content[start : end + 1]  # 200: Range ignored
+
+        return _calling(call, self.what, self.repo, self.commit, f.path)
 
     def _fetch(self, i: int) -> Path:
         from huggingface_hub import hf_hub_download

@@ -172,6 +172,8 @@ def _prepare(cfg: Config, readers: list[SourceReader], tok: Path | None, tok_sou
     shards: list[dict]
     state: dict | None
     if resumed is None:
+        for r in readers:
+            r.check_field()
         out.mkdir(parents=True, exist_ok=True)
         _clean(out)
         _make_tokenizer(cfg, readers, out, tok)
@@ -282,7 +284,7 @@ class _Job:
             item = mix.draw()
             assert item is not None  # the journal recorded this document as in progress, so the mix has it
             si, text, nbytes = item
-            first = (resume["mix"], resume["skip_docs"], [si], [text], nbytes, resume["skip_tokens"])
+            first = ([resume["mix"]], resume["skip_docs"], [si], [text], nbytes, resume["skip_tokens"])
         for i, a in enumerate(acct):
             if self.caps[i] and a["tokens"] >= self.caps[i]:
                 mix.deactivate(i)
@@ -314,23 +316,27 @@ class _Job:
         if first is not None:
             yield first
         while True:
-            snap = mix.snapshot()
+            # The mix's state before each document: a shard that ends inside a document records where that
+            # document starts, so a continued prepare reads (and fetches) nothing it had finished.
+            snaps: list[dict] = []
             srcs: list[int] = []
             docs: list[str] = []
             nbytes = 0
             while len(docs) < ENCODE_BATCH and nbytes < BATCH_BYTES:
+                snap = mix.snapshot()
                 item = mix.draw()
                 if item is None:
                     break
+                snaps.append(snap)
                 srcs.append(item[0])
                 docs.append(item[1])
                 nbytes += item[2]
             if not docs:
                 return
-            yield snap, 0, srcs, docs, nbytes, 0
+            yield snaps, 0, srcs, docs, nbytes, 0
 
     def _consume(self, batch, fut, acct, mix: Mix, bar, t0: float) -> None:
-        snap, first_index, srcs, _, nbytes, skip = batch
+        snaps, first_index, srcs, _, nbytes, skip = batch
         tokens, lens, dropped = fut.result()
         off = 0
         for k, si in enumerate(srcs):
@@ -348,7 +354,8 @@ class _Job:
                     mix.deactivate(si)
                     continue
                 arr = arr[:room]
-            self._append(arr, skip if k == 0 else 0, si, snap, first_index + k, acct)
+            # snaps[k]: the mix before document k; first_index: documents to skip after it (a journal's own).
+            self._append(arr, skip if k == 0 else 0, si, snaps[k], first_index if k == 0 else 0, acct)
             a["documents"] += 1
             a["tokens"] += arr.size
             if cap and a["tokens"] >= cap:

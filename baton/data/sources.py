@@ -81,6 +81,12 @@ class SourceReader:
             self._dataset = self._load_dataset()
         self.est_bytes = self._estimate()
 
+    def check_field(self) -> None:
+        """A Hub source whose first file lacks the configured field is refused before prepare writes or downloads
+        anything (its files would otherwise be fetched, and the folder begun, only to stop at the first row)."""
+        if self.hub is not None and (why := self.hub.missing_field(self.src.field)):
+            raise DataError(why)
+
     def identity(self) -> list[list[Any]]:
         """What the prepared bytes depend on, cheaply: every file's path, size and modification time."""
         if self.hub is not None:
@@ -195,21 +201,35 @@ class SourceReader:
                 r += len(values)
 
     def _hub(self, pos: list[int]) -> Iterator[Doc]:
-        """pos = [file, row or byte offset, line number (JSONL)]: a file is fetched when reading reaches it."""
+        """pos = [file, row or byte offset, line number (JSONL)]: a file is fetched when reading reaches it.
+
+        A file's last document comes with the position of the next file's start, so a prepare that saved its
+        place after that document never fetches the file again to find there is nothing left in it."""
         assert self.hub is not None
         hub, (fi, at, lineno) = self.hub, pos
+        hub.forget_before(fi)
         while fi < len(hub.files):
-            path, name = hub.local(fi), hub.name(fi)
-            if path.name.endswith(".parquet"):
-                pq = extras.require("pyarrow.parquet", "a Hub source's Parquet files")
-                with _reading(path, "parquet"):
-                    for text, nbytes, nxt in self._parquet_file(pq.ParquetFile(path), name, fi, at,
-                                                                "; set field = \"...\" on the source"):
-                        yield text, nbytes, [fi, nxt[1], 1]
-            else:
-                yield from self._jsonl_file(path, name, fi, at, lineno)
+            held: Doc | None = None
+            for doc in self._hub_file(fi, at, lineno):
+                if held is not None:
+                    yield held
+                held = doc
             hub.release(fi)
+            if held is not None:
+                yield held[0], held[1], [fi + 1, 0, 1]
             fi, at, lineno = fi + 1, 0, 1
+
+    def _hub_file(self, fi: int, at: int, lineno: int) -> Iterator[Doc]:
+        assert self.hub is not None
+        path, name = self.hub.local(fi), self.hub.name(fi)
+        if path.name.endswith(".parquet"):
+            pq = extras.require("pyarrow.parquet", "a Hub source's Parquet files")
+            with _reading(path, "parquet"):
+                for text, nbytes, nxt in self._parquet_file(pq.ParquetFile(path), name, fi, at,
+                                                            "; set field = \"...\" on the source"):
+                    yield text, nbytes, [fi, nxt[1], 1]
+        else:
+            yield from self._jsonl_file(path, name, fi, at, lineno)
 
     def close(self) -> None:
         if self.hub is not None:

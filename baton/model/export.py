@@ -52,11 +52,16 @@ def generate(folder: Path, prompt: str, max_new_tokens: int = 64, temperature: f
     if not any((folder / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json")):
         raise BatonError(f"{folder} holds no model.safetensors: baton loads weights only from safetensors, never "
                          "from pickle (.bin) files (export the model with `baton export`)")
+    from safetensors import safe_open
+
     from ..reads import reading
 
+    fix = "export the model again with `baton export --force`"
+    for weights in sorted(folder.glob("*.safetensors")):  # a cut copy is named by its file, not by its folder
+        with reading(weights, "model weights file", fix), safe_open(str(weights), "pt"):
+            pass
     # transformers raises a different type for every way a folder can be damaged; only the loads are wrapped.
-    with reading(folder, "exported model folder", "export the model again with `baton export --force`",
-                 also=(Exception,)):
+    with reading(folder, "exported model folder", fix, also=(Exception,)):
         tok = AutoTokenizer.from_pretrained(str(folder))
         model = AutoModelForCausalLM.from_pretrained(str(folder), use_safetensors=True)
     model.eval()

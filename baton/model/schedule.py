@@ -15,15 +15,23 @@ Pure functions of the step, so the schedule's whole state is the step counter an
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 from ..config import SCHEDULES
+
+
+def horizon_step(total_steps: int, fraction: float) -> int:
+    """The step a fraction of the horizon names: the floor of ``fraction x total_steps`` taken on the decimal
+    the fraction was written as (0.29 of 100 is 29), not on its binary float (0.29 x 100 = 28.999...). The one
+    rule every fraction-of-horizon setting and landmark becomes a step by."""
+    return math.floor(Fraction(repr(float(fraction))) * total_steps)
 
 
 def decay_begin(total_steps: int, decay_start: float = 0.8, schedule: str = "wsd", warmup_steps: int = 0) -> int:
     """First optimizer step (0-based) of the decay phase: ``decay_start`` of the horizon for ``wsd``, the end
     of the warmup (at most the last step) for ``cosine`` and ``linear``."""
     if schedule == "wsd":
-        return int(total_steps * decay_start)
+        return horizon_step(total_steps, decay_start)
     return min(warmup_steps, total_steps - 1)
 
 
@@ -81,7 +89,7 @@ def landmarks(total_steps: int, warmup_steps: int, decay_start: float, schedule:
     """The steps (0-based updates) where a schedule is judged: warmup end, decay start, 90 %, the last."""
     return {"warmup_end": max(0, min(warmup_steps, total_steps) - 1),
             "decay_start": decay_begin(total_steps, decay_start, schedule, warmup_steps),
-            "at_90pct": min(total_steps - 1, round(total_steps * 0.9)),
+            "at_90pct": min(total_steps - 1, horizon_step(total_steps, 0.9)),
             "last": total_steps - 1}
 
 

@@ -327,6 +327,23 @@ def checkpoint_seconds(records: list[LedgerRecord], last: int = 3) -> float | No
     return max(seen) if seen else None
 
 
+def checkpoint_cycle(configured: float, records: list[LedgerRecord]) -> tuple[float | None, str]:
+    """The checkpoint cycle a plan, a simulation and the status use, and the one label of where it came from:
+    ``budget.ckpt_seconds`` when set, else the slowest the ledger measured, else unknown."""
+    if configured:
+        return float(configured), "config"
+    seconds = checkpoint_seconds(records)
+    return seconds, "measured (ledger)" if seconds is not None else "unknown: 0"
+
+
+def startup_figure(configured_minutes: float, records: list[LedgerRecord]) -> tuple[float | None, str]:
+    """The startup a session reserves (seconds) and where it came from: ``budget.startup_minutes`` when set,
+    else the ledger's measurement."""
+    if configured_minutes:
+        return configured_minutes * 60, "config"
+    return startup_seconds(records)
+
+
 def verified_steps(records: list[LedgerRecord]) -> set[int]:
     """Every step whose checkpoint a session booked as verified."""
     return {s for r in records for s in r.verified_steps()}

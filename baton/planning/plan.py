@@ -126,6 +126,15 @@ def iso(t: datetime) -> str:
     return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
 
 
+def iso_by(t: datetime) -> str:
+    """When something is done by (an end, an ETA, a finish), to the minute and rounded up: a deadline at the
+    printed time is then met, as the planner and the simulation compare it."""
+    t = t.astimezone(timezone.utc)
+    if t.second or t.microsecond:
+        t = t.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    return iso(t)
+
+
 # ------------------------------------------------------------------------------------- the input
 
 
@@ -327,7 +336,7 @@ class SessionPlan:
     def to_dict(self) -> dict[str, Any]:
         return {"session": self.index, "start_step": self.start_step, "stop_after_steps": self.stop_after_steps,
                 "steps": self.steps, "hours": round(self.hours, 4), "billed_hours": round(self.billed_hours, 4),
-                "start": iso(self.start), "end": iso(self.end), "checkpoints": self.checkpoints, "note": self.note}
+                "start": iso(self.start), "end": iso_by(self.end), "checkpoints": self.checkpoints, "note": self.note}
 
 
 @dataclass
@@ -368,7 +377,7 @@ class Plan:
             "usable_hours": round(i.usable_seconds / HOUR, 4),
             "target_hours": round(self.target_hours, 4), "stepping_hours": round(self.stepping_hours, 4),
             "wall_hours": round(self.wall_hours, 4), "billed_hours": round(self.billed_hours, 4),
-            "eta": iso(self.eta), "sessions": [s.to_dict() for s in self.sessions], "warnings": self.warnings,
+            "eta": iso_by(self.eta), "sessions": [s.to_dict() for s in self.sessions], "warnings": self.warnings,
         }
 
 
@@ -477,5 +486,5 @@ def walk(inp: PlanInput, cut: Cutter | None = None, splitter: Callable[[int], li
         warnings.append(f"the plan bills {_hours(total)} h but " + (f"the cap leaves {_hours(left)} h" if left > 0
                         else f"the cap is already spent ({_hours(-left)} h over)"))
     if inp.deadline is not None and sessions and sessions[-1].end > inp.deadline:
-        warnings.append(f"the plan ends {iso(sessions[-1].end)}, after the deadline {iso(inp.deadline)}")
+        warnings.append(f"the plan ends {iso_by(sessions[-1].end)}, after the deadline {iso(inp.deadline)}")
     return Plan(inp, sessions, warnings)

@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import BatonError
 from .cadence import observe, optimal_work_seconds
 from .ledger import LedgerRecord
-from .plan import HOUR, Cut, PlanInput, cadence_points, iso, plan, split, walk
+from .plan import HOUR, Cut, PlanInput, cadence_points, iso, iso_by, plan, split, walk
 
 MAX_RUNS = 1_000_000
 PERCENTILES = (10, 50, 90)
@@ -259,8 +259,8 @@ class SimResult:
                         "retry_seconds": i.outages.retry_seconds},
             "ckpt_every": i.plan.ckpt_every, "ckpt_minutes": round(i.plan.ckpt_every_s / 60, 4),
             "ckpt_seconds": i.plan.ckpt_seconds, "step_seconds": round(i.plan.step_seconds, 4),
-            "plan": {"sessions": len(b.sessions), "eta": iso(b.eta), "billed_hours": round(b.billed_hours, 4)},
-            "finish": {f"p{q}": iso(datetime.fromtimestamp(float(np.percentile(self.finish, q)), timezone.utc))
+            "plan": {"sessions": len(b.sessions), "eta": iso_by(b.eta), "billed_hours": round(b.billed_hours, 4)},
+            "finish": {f"p{q}": iso_by(datetime.fromtimestamp(float(np.percentile(self.finish, q)), timezone.utc))
                        for q in PERCENTILES},
             "billed_hours": pct(self.billed_hours), "wall_hours": pct(self.wall_hours),
             "sessions": pct(self.sessions, 2), "steps_lost": pct(self.steps_lost, 2),
@@ -283,7 +283,7 @@ def simulate(si: SimInput) -> SimResult:
                              "--deadline (ISO 8601, e.g. 2026-10-01T00:00Z)")
         if baseline.sessions and inp.deadline < baseline.eta:
             raise BatonError(f"the deadline {iso(inp.deadline)} is before the relay could finish even without "
-                             f"interruptions ({iso(baseline.eta)}, {len(baseline.sessions)} sessions): give a later "
+                             f"interruptions ({iso_by(baseline.eta)}, {len(baseline.sessions)} sessions): give a later "
                              "--deadline, or more hours per session or per quota period")
     relay = _Relay(si)
     n = si.runs

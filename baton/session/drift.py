@@ -50,6 +50,17 @@ FROZEN_KEYS = SHAPE_KEYS + ("model.rope_theta",) + GEOMETRY_KEYS + ("data.shuffl
 BEFORE_THE_KEY = {OPTIMIZER_KEY: "adamw"}
 # Config keys whose change says nothing about the run itself; not even logged.
 QUIET = {"run.local_dir", "data.dir", "train.log_every", "train.threads"}
+# Everything the drift check compares; a setting outside it changes on resume without --allow-change.
+COMPARED = frozenset(FROZEN_KEYS) | frozenset(ALLOWABLE) | {TOKENS_PER_STEP, "train.target_tokens"}
+# Settings named in the messages as free to change: only those the check does not compare.
+FREE_EXAMPLES = tuple(k for k in ("optim.lr", "train.precision", "store.url") if k not in COMPARED)
+
+
+def allow_change_keys() -> str:
+    """The --allow-change keys with what each allows, and which settings need no flag: the help and the
+    refusal say the same, from the lists above."""
+    return (f"one of: {'; '.join(f'{k}: {what}' for k, what in ALLOWABLE.items())}; other settings such as "
+            f"{', '.join(FREE_EXAMPLES)} or the number of ranks may change without it")
 
 
 @dataclass(frozen=True)
@@ -256,6 +267,12 @@ def check_before_pull(state: CheckpointState | None, cursor: dict[str, Any], ste
                  allowed, note, hub_commits(manifest))
 
 
+def _config_keys() -> set[str]:
+    from ..config import reference_table
+
+    return {row[0] for row in reference_table()}
+
+
 def validate_allowed(keys: list[str] | tuple[str, ...]) -> set[str]:
     """The --allow-change keys, or one error naming every key that cannot be allowed and why."""
     problems = []
@@ -268,9 +285,14 @@ def validate_allowed(keys: list[str] | tuple[str, ...]) -> set[str]:
             problems.append(f"{k} cannot change on resume (the data cursor counts samples of this size)")
         elif k == OPTIMIZER_KEY:
             problems.append(f"{k} cannot change on resume (the checkpoint holds that optimizer's state)")
+        elif k == "train.target_tokens":
+            problems.append(f"{k} is allowed as {HORIZON} (the horizon, however configured)")
+        elif k in _config_keys() and k not in COMPARED:
+            problems.append(f"{k} needs no --allow-change (a resume may change it freely)")
         else:
             problems.append(f"{k} is not a key --allow-change knows")
     if problems:
         raise BatonError("--allow-change: " + "; ".join(problems) + f" (allowable: {', '.join(ALLOWABLE)}; other "
-                         "settings such as train.steps, optim.lr or the number of ranks may change without it)")
+                         f"settings such as {', '.join(FREE_EXAMPLES)} or the number of ranks may change without "
+                         "it)")
     return set(keys)

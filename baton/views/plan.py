@@ -12,7 +12,7 @@ from ..config import Config
 from ..errors import BatonError
 from ..guard import count, finite_float
 from ..planning import ledger as L
-from ..planning.plan import HOUR, PlanInput, iso, parse_count, parse_hours, parse_instant, parse_margin
+from ..planning.plan import HOUR, PlanInput, iso, iso_by, parse_count, parse_hours, parse_instant, parse_margin
 
 
 def plan_options(p) -> None:
@@ -117,11 +117,8 @@ def plan_input(args, cfg: Config | None) -> tuple[PlanInput, dict[str, str], lis
     ckpt = None
     if args.ckpt_seconds is not None:
         ckpt, src["ckpt"] = float(args.ckpt_seconds), "given"
-    elif b and b.ckpt_seconds:
-        ckpt, src["ckpt"] = b.ckpt_seconds, "config"
     else:
-        ckpt = L.checkpoint_seconds(records)
-        src["ckpt"] = "measured (ledger)" if ckpt is not None else "unknown: 0"
+        ckpt, src["ckpt"] = L.checkpoint_cycle(b.ckpt_seconds if b else 0.0, records)
     quota = None
     qh = parse_hours(args.quota_hours, "--quota-hours") if args.quota_hours else (b.quota_hours if b else 0.0)
     reset = parse_instant(args.quota_reset, "--quota-reset") if args.quota_reset else (
@@ -199,10 +196,7 @@ def _startup(args, b, records: list[L.LedgerRecord], src: dict[str, str]) -> flo
     if args.startup:
         src["startup"] = "given"
         return parse_hours(args.startup, "--startup") * HOUR
-    if b and b.startup_minutes:
-        src["startup"] = "config"
-        return b.startup_minutes * 60
-    seconds, src["startup"] = L.startup_seconds(records)
+    seconds, src["startup"] = L.startup_figure(b.startup_minutes if b else 0.0, records)
     return seconds or 0.0
 
 
@@ -237,9 +231,9 @@ def format_plan(p, src: dict[str, str]) -> str:
               "|---|---|---|---|---|---|---|---|"]
     for s in p.sessions:
         lines.append(f"| {s.index} | {s.start_step:,} → {s.stop_after_steps:,} | {s.stop_after_steps} | {iso(s.start)} "
-                     f"| {iso(s.end)} | {_h(s.hours)} | {_h(s.billed_hours)} | {s.note} |")
+                     f"| {iso_by(s.end)} | {_h(s.hours)} | {_h(s.billed_hours)} | {s.note} |")
     lines += ["", f"{len(p.sessions)} sessions, {_h(p.wall_hours)} h wall clock, {_h(p.billed_hours)} GPU-hours "
-              f"billed; ETA {iso(p.eta)}"]
+              f"billed; ETA {iso_by(p.eta)}"]
     lines += [f"warning: {w}" for w in p.warnings]
     lines.append("each session: baton train -c CONFIG --stop-after-steps <stop_after_steps> "
                  f"--session-hours {i.session_hours:.6g}")

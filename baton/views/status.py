@@ -10,7 +10,7 @@ from typing import Any
 from ..config import Config
 from ..errors import BatonError
 from ..planning import ledger as L
-from ..planning.plan import HOUR, PlanInput, iso, plan
+from ..planning.plan import HOUR, PlanInput, iso_by, plan
 from ..store import RetryPolicy, open_store
 
 
@@ -46,16 +46,20 @@ def status(cfg: Config, forecast_curve: bool = False) -> dict[str, Any]:
         quota = L.quota_from(b)
         now = datetime.now(timezone.utc)
         t = L.totals(records, quota, b.cap_hours, now)
-        ckpt_s = b.ckpt_seconds or L.checkpoint_seconds(records) or 0.0
+        # Each figure with the label `baton plan` gives it (planning.ledger): one source per figure.
+        ckpt, ckpt_src = L.checkpoint_cycle(b.ckpt_seconds, records)
+        startup, startup_src = L.startup_figure(b.startup_minutes, records)
+        ckpt_s = ckpt or 0.0
         from ..planning.cadence import resolve_cadence
 
         cadence = resolve_cadence(b.ckpt_minutes, records, ckpt_s, b.session_hours,
-                                  b.session_hours - b.margin_minutes / 60)
+                                  b.session_hours - b.margin_minutes / 60, ckpt_src)
         out["cadence"] = cadence.to_dict()
+        out["sources"] = {"rate": rate_src, "ckpt": ckpt_src, "startup": startup_src}
         inp = PlanInput(
             total_steps=cfg.total_steps, tokens_per_step=cfg.tokens_per_step, rate=rate,
             session_hours=b.session_hours, margin_hours=b.margin_minutes / 60,
-            startup_seconds=b.startup_minutes * 60 or L.startup_seconds(records)[0] or 0.0,
+            startup_seconds=startup or 0.0,
             ckpt_seconds=ckpt_s, ckpt_every=cfg.train.ckpt_every, ckpt_every_s=cadence.minutes * 60,
             start_step=step, quota_hours=b.quota_hours, quota_period_hours=b.quota_period_days * 24,
             quota_reset=quota.reset if quota else None, used_hours=t.period_hours or 0.0,
@@ -65,7 +69,7 @@ def status(cfg: Config, forecast_curve: bool = False) -> dict[str, Any]:
             from ..planning.simulate import forecast
 
             out["simulated"] = forecast(inp, records, curve=forecast_curve)
-            out["eta"] = iso(p.eta)
+            out["eta"] = iso_by(p.eta)
             out["sessions_left"] = len(p.sessions)
             out["billed_hours_left"] = round(p.billed_hours, 4)
             out["plan_warnings"] = p.warnings

@@ -167,3 +167,26 @@ def test_allow_change_help_names_every_key_the_drift_check_allows(capsys):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert all(f"{key}: {' '.join(what.split())}" in text for key, what in ALLOWABLE.items())
+
+
+def test_allow_change_refusal_and_help_name_each_key_once(capsys):
+    """A key is either one --allow-change allows or one that changes freely, never both, and the refusal and
+    the help name the same keys as the drift check compares."""
+    import re
+
+    from baton.cli import main
+    from baton.errors import BatonError
+    from baton.session.drift import ALLOWABLE, FROZEN_KEYS, validate_allowed
+
+    with pytest.raises(BatonError) as e:
+        validate_allowed(["optim.lr"])
+    m = re.search(r"allowable: (.*); other settings such as (.*) or the number of ranks may change without it",
+                  str(e.value))
+    assert m, str(e.value)
+    allowable, free = m[1].split(", "), m[2].split(", ")
+    assert allowable == list(ALLOWABLE)
+    assert not set(free) & (set(ALLOWABLE) | set(FROZEN_KEYS)), free
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"other settings such as {m[2]} or the number of ranks may change without it" in text

@@ -17,6 +17,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from baton.config import load_config
 from baton.data.prepare import prepare
@@ -194,6 +196,29 @@ def test_a_bad_token_a_missing_repository_revision_column_or_file_is_one_line(hu
     assert _fails(tmp_path, "tokenizer", hub_source(repo, "data/*.parquet"), "hf://baton-test/no-such-tok") == (
         "data.tokenizer hf://baton-test/no-such-tok: Hub repository baton-test/no-such-tok was not found (HTTP 404): "
         "check the name (owner/name) and whether it is a dataset or a model repository")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_missing_text_field_is_refused_before_anything_is_written_or_downloaded(hub, tmp_path, tokenizer_file,
+                                                                                  stream):
+    """As a missing repository or revision is: one line, and no data folder, no download (ranged reads of the
+    first file's footer or first line only)."""
+    files = corpus_files(n_files=2)
+    repo, commit = new_repo(hub, files)
+    extra = 'field = "body"\n' + ("stream = true\n" if stream else "")
+    for glob, said in [("data/*.parquet", f"{repo}/data/train-00000.parquet@{commit[:12]} has no column 'body' "
+                                          "(columns: id, text, lang); set field = \"...\" on the source"),
+                       ("data/*.jsonl.gz", f"{repo}/data/extra.jsonl.gz@{commit[:12]}:1 has no field 'body' (set "
+                                           "field = \"...\" on the source)"),
+                       ("data/small.jsonl", f"{repo}/data/small.jsonl@{commit[:12]}:1 has no field 'body' (set "
+                                            "field = \"...\" on the source)")]:
+        name = glob.replace("/", "-").replace("*", "all")
+        mark = len(hub.requests)
+        assert _fails(tmp_path, name, hub_source(repo, glob, extra), str(tokenizer_file)) == said
+        assert not (tmp_path / name).exists()
+        assert not (tmp_path / "hf-cache").exists() or not list((tmp_path / "hf-cache").rglob("*.parquet")) + list(
+            (tmp_path / "hf-cache").rglob("*.jsonl*"))
+        assert len([p for _, p in hub.requests[mark:] if "/resolve/" in p or "/lfs-blob/" in p]) <= 4
 
 
 def test_a_file_whose_bytes_do_not_match_the_listing_is_refused_before_a_row_is_read(hub, tmp_path, tokenizer_file):
@@ -559,3 +584,137 @@ text
     with pytest.raises(DataError, match=r"^r: its README.md declares a config that is not a config_name with "
                                         r"data_files \(\{'config_name': 'x'\}\)"):
         declared_configs("---\nconfigs:\n- config_name: x\n---\n", "r")
+
+
+# ------------------------------------------------------------------------ a streaming prepare, killed again and again
+
+KILL_FILES, KILL_LINES, KILL_SHARD, KILL_PREFETCH = 6, 400, 3000, 1
+
+
+@pytest.fixture(scope="module")
+def killed_corpus(hub_server, tmp_path_factory, tokenizer_file):
+    """A repository of six Parquet files; the bytes of an uninterrupted prepare; the tokens the prepared stream holds
+    up to the end of each file (a prepare of the files up to it: the stream is the files' documents in order); and a
+    zygote whose children talk to the local Hub."""
+    from support.zygote import Zygote
+
+    lines = stdlib_lines(KILL_FILES * KILL_LINES)
+    files = {f"data/part-{k:03d}.parquet": parquet_bytes(lines[k * KILL_LINES:(k + 1) * KILL_LINES], k * KILL_LINES)
+             for k in range(KILL_FILES)}
+    repo, _ = new_repo(hub_server, files)
+    base = tmp_path_factory.mktemp("killed")
+    local = write_local(base / "local", files)
+    data = f"shard_tokens = {KILL_SHARD}\nprepare_workers = 1\n"
+    ends = []
+    for j in range(KILL_FILES):
+        src = f'[[data.sources]]\nkind = "parquet"\npath = "{local}/data/part-00[0-{j}].parquet"\n'
+        ends.append(prepare(load_config(config(base / f"upto{j}.toml", base / f"upto{j}", src, str(tokenizer_file),
+                                               data)), progress=False)["total_tokens"])
+    # A shard that ends exactly where a file ends would leave the file's last document "in progress" (a journal
+    # records where the document in progress starts): the corpus is chosen so that none does.
+    assert all(e % KILL_SHARD for e in ends)
+    zygote = Zygote(env={"HF_ENDPOINT": hub_server.url, "HF_TOKEN": hub_server.token, "HF_HUB_DISABLE_XET": "1",
+                         "HF_HOME": str(base / "hf-home")})
+    yield _Corpus({"repo": repo, "files": files, "ref": folder_bytes(base / f"upto{KILL_FILES - 1}"), "ends": ends,
+                   "base": base, "zygote": zygote, "data": data, "tokenizer": str(tokenizer_file)})
+    zygote.close()
+
+
+class _Corpus(dict):
+    def __repr__(self) -> str:  # a failing example names its kills, not the corpus's bytes
+        return f"<corpus {self['repo']}>"
+
+
+def _source_files(folder: Path) -> int:
+    """As ``_on_disk``, while a prepare deletes folders under it (os.walk skips what vanished)."""
+    import os
+
+    return sum(1 for _, _, names in os.walk(folder) for n in names if n.endswith((".parquet", ".incomplete")))
+
+
+def _journaled_tokens(journal: Path) -> int:
+    """Tokens in the shards the journal records as written (each record follows its shard onto the disk)."""
+    try:
+        lines = journal.read_bytes().split(b"\n")
+    except FileNotFoundError:
+        return 0
+    total = 0
+    for line in lines[1:]:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            break
+        total += (rec.get("shard") or {}).get("tokens", 0)
+    return total
+
+
+KILL = st.one_of(st.tuples(st.just("random"), st.floats(0.0, 2.0)),  # at any moment
+                 st.tuples(st.just("download"), st.integers(0, KILL_FILES - 1)),  # half-way through file j's download
+                 st.tuples(st.just("journaled"), st.integers(0, KILL_FILES - 2)))  # once file j's tokens are journaled
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@given(kills=st.lists(KILL, min_size=1, max_size=4))
+@example(kills=[("download", 1), ("download", 2), ("download", 3), ("download", 4)])
+@example(kills=[("random", 0.6), ("download", 3), ("journaled", 3), ("journaled", 4)])
+def test_a_streaming_prepare_killed_any_number_of_times_keeps_its_disk_bound_and_fetches_no_finished_file(
+        killed_corpus, hub, kills):
+    """Each session is a real process SIGKILLed at its kill point. Through every session the source files on disk
+    (whole or partial) stay within the one being read, the prefetch and one partial; a session fetches no file whose
+    tokens were all journaled when the previous one died; the last session finishes with the bytes of an
+    uninterrupted prepare and leaves no source file behind."""
+    import os
+    import signal
+    import tempfile
+    import time
+
+    c = killed_corpus
+    blobs = {hashlib.sha256(data).hexdigest(): i for i, data in enumerate(c["files"].values())}
+    out = Path(tempfile.mkdtemp(dir=c["base"], prefix="out-"))
+    cfg = config(out.with_suffix(".toml"), out, hub_source(c["repo"], "data/*.parquet",
+                                                           f"stream = true\nprefetch = {KILL_PREFETCH}\n"),
+                 c["tokenizer"], c["data"])
+    streaming, journal = out / ".hub-files", out / "prepare.journal"
+    bound = 1 + KILL_PREFETCH + 1
+    finished: set[int] = set()  # files whose tokens were all journaled when the last session died
+    for kind, at in [*kills, ("none", None)]:
+        release = None
+        if kind == "download":
+            name = list(c["files"])[at]
+            release = hub.stall(f"datasets/{c['repo']}", name, len(c["files"][name]) // 2)
+            blob = hashlib.sha256(c["files"][name]).hexdigest()
+        mark, t0, peak = len(hub.requests), time.monotonic(), 0
+        child = c["zygote"].spawn(["prepare", "-c", str(cfg), "--no-progress"], c["base"] / "logs")
+        stops = {"random": lambda: time.monotonic() - t0 >= at,
+                 "download": lambda: ("GET", f"/lfs-blob/{blob}") in hub.requests[mark:],
+                 "journaled": lambda: _journaled_tokens(journal) >= c["ends"][at],
+                 "none": lambda: False}
+        try:
+            while child.alive() and time.monotonic() - t0 < 240:  # the limit only catches a hang
+                peak = max(peak, _source_files(streaming))
+                if stops[kind]():
+                    try:
+                        os.killpg(child.pid, signal.SIGKILL)  # the child's own group: its threads and workers
+                    except ProcessLookupError:  # not yet in a group of its own (killed as it started)
+                        child.kill()
+                    break
+                time.sleep(0.002)
+            end = time.monotonic() + 60
+            while child.alive() and time.monotonic() < end:  # (a child killed as it forked wrote no output file)
+                time.sleep(0.005)
+            status = child.status
+        finally:
+            if release is not None:
+                hub.stalls.pop(blob, None)
+                release.set()
+        peak = max(peak, _source_files(streaming))
+        assert peak <= bound, f"{peak} source files on disk after {kills}"
+        again = {blobs[p.rsplit("/", 1)[1]] for m, p in hub.requests[mark:]
+                 if m == "GET" and p.startswith("/lfs-blob/") and p.rsplit("/", 1)[1] in blobs}
+        assert not again & finished, f"fetched {sorted(again & finished)} again, all journaled, after {kills}"
+        if status == 0:
+            break
+        assert status == -signal.SIGKILL, child.stderr_text()[-3000:]
+        finished = {j for j, end in enumerate(c["ends"]) if end <= _journaled_tokens(journal)}
+    assert status == 0
+    assert folder_bytes(out) == c["ref"] and not streaming.exists() and not journal.exists()

@@ -2,6 +2,8 @@ import math
 from itertools import pairwise
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from baton.model.schedule import lr_factor, plateau_share
 
@@ -108,3 +110,26 @@ def test_bad_schedule_settings_are_named_in_one_message(baton_cli, make_config):
     one = baton_cli("config", "-c", str(make_config()), "--set", "optim.min_lr_ratio=-0.5")
     assert one.returncode == 2
     assert one.stderr.strip().splitlines() == ["baton: error: invalid config: optim.min_lr_ratio must be in [0, 1), got -0.5"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(k=st.integers(1, 10_000), total=st.integers(1, 10**6))
+@example(k=2900, total=100)  # 0.29 x 100 is 28.999... as floats
+@example(k=5700, total=100)
+@example(k=5800, total=100)
+def test_a_fraction_of_the_horizon_is_the_step_its_decimal_names(k, total):
+    """decay_start written with up to four decimals starts the decay at floor(k / 10^4 x total), computed in
+    integers; the schedule's first falling update and the printed landmark are that step."""
+    from baton.config import OptimConfig
+    from baton.model.schedule import decay_begin, landmarks, plot
+
+    start = float(f"{k // 10_000}.{k % 10_000:04d}")
+    want = k * total // 10_000
+    assert decay_begin(total, start) == want
+    assert landmarks(total, 0, start, "wsd")["decay_start"] == want
+    o = OptimConfig(warmup_steps=0, decay_start=start)
+    assert f"decay from step {want:,}," in plot(o, total)[0]
+    if 0 < want:  # the plateau ends exactly there: 1.0 up to and at the decay's start, below it after
+        assert lr_factor(want - 1, total, 0, start) == 1.0
+    if want + 1 < total:
+        assert lr_factor(want, total, 0, start) == 1.0 and lr_factor(want + 1, total, 0, start) < 1.0

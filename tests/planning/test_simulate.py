@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from baton.errors import BatonError
 from baton.planning.cadence import auto_cadence, observe, optimal_work_seconds, resolve_cadence, young_work_seconds
 from baton.planning.ledger import LedgerRecord
-from baton.planning.plan import HOUR, PlanInput, cadence_points, capacity, iso, parse_margin, plan, session_seconds
+from baton.planning.plan import HOUR, PlanInput, cadence_points, capacity, iso_by, parse_margin, plan, session_seconds
 from baton.planning.simulate import Interruptions, Outages, SimInput, cadence_curve, curve_minutes, simulate
 from baton.session.clock import TimeBudget
 
@@ -38,8 +38,8 @@ def _same_as_plan(inp: PlanInput, runs: int = 3) -> None:
     assert (r.billed_hours == p.billed_hours).all() and (r.wall_hours == p.wall_hours).all()
     assert (r.steps_lost == 0).all() and (r.interruptions == 0).all()
     d = r.to_dict()
-    assert d["finish"] == {"p10": iso(p.eta), "p50": iso(p.eta), "p90": iso(p.eta)}
-    assert d["plan"] == {"sessions": len(p.sessions), "eta": iso(p.eta), "billed_hours": round(p.billed_hours, 4)}
+    assert d["finish"] == {"p10": iso_by(p.eta), "p50": iso_by(p.eta), "p90": iso_by(p.eta)}
+    assert d["plan"] == {"sessions": len(p.sessions), "eta": iso_by(p.eta), "billed_hours": round(p.billed_hours, 4)}
 
 
 # ------------------------------------------------------------------------ 1. no interruptions = the plan
@@ -339,3 +339,22 @@ def test_the_python_api():
         baton.simulate(bogus=1)
     with pytest.raises(BatonError, match="interrupt_rate=-1: must be >= 0"):
         baton.simulate(**base, interrupt_rate=-1)
+
+
+@pytest.mark.parametrize("rate", ["9696", "9701", "12345"])
+def test_a_deadline_at_the_eta_plan_prints_is_met(rate, baton_cli):
+    """The printed ETA is to the minute (rounded up): as --deadline, plan does not warn, simulate does not
+    refuse it, and an uninterrupted relay meets it."""
+    import baton
+
+    base = dict(steps="3814", tokens_per_step="262144", rate=rate, session_hours="9", margin="30%",
+                ckpt_seconds=16.5, ckpt_every=381, start="2026-09-20T06:00Z")
+    eta = baton.plan(**base)["eta"]
+    assert not [w for w in baton.plan(**base, deadline=eta)["warnings"] if "deadline" in w]
+    assert baton.simulate(**base, deadline=eta, interrupt_rate=0, runs=3)["p_deadline"] == 1.0
+    if rate == "9696":  # the commands too
+        flags = [f"--{k.replace('_', '-')}={v}" for k, v in base.items()]
+        printed = baton_cli("plan", *flags, check=True).stdout.strip().splitlines()
+        shown = next(ln for ln in printed if "; ETA " in ln).rsplit("; ETA ", 1)[1]
+        assert shown == eta
+        baton_cli("simulate", *flags, "--deadline", shown, "--interrupt-rate", "0", "--runs", "3", check=True)

@@ -23,6 +23,10 @@ def test_auto_cadence_session_then_status_and_report(make_config, baton_cli, tmp
     sim = s["simulated"]
     assert s["pointer_step"] == 10 and sim["p50"] <= sim["p90"] and sim["runs"] == 500
     assert s["cadence"]["auto"] and s["cadence"]["ckpt_minutes"] > 0
+    # budget.ckpt_seconds is the config's figure, not a measurement: status says so as plan does.
+    assert "the 1 s cycle (config)" in s["cadence"]["reason"] and s["sources"]["ckpt"] == "config"
+    plan_text = baton_cli("plan", "-c", cfg, *st_sets, check=True).stdout
+    assert "checkpoint cycle 1 s (config)" in plan_text and "the 1 s cycle (config)" in plan_text
     text = baton_cli("status", "-c", cfg, *st_sets, check=True).stdout
     assert f"simulated finish: P50 {sim['p50']}, P90 {sim['p90']} (500 runs at" in text
     assert "checkpoint cadence: auto: " in text

@@ -252,3 +252,23 @@ def test_bad_input_gets_one_clear_line(case, base, zygote, tmp_path):
         assert part in errors[0], f"{part!r} not in: {errors[0]}"
     # A failed resume never touches the run's store.
     assert _pointer(base / "store" / "test")["step"] == 2
+
+
+def test_a_pointer_to_a_gone_checkpoint_folder_names_it(base, zygote, tmp_path):
+    """The pointer names ckpt/step-2 and the store no longer holds that folder: the refusal says which."""
+    argv = [*TRAIN, "-c", str(base / "cfg.toml"),
+            *Ctx(base, tmp_path).store(lambda r: shutil.rmtree(r / _pointer(r)["path"]))]
+    r = zygote.run(argv, tmp_path / "out", timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    errors = [line for line in r.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "the checkpoint folder test/ckpt/step-2" in errors[0], errors
+
+
+def test_a_truncated_exported_model_names_the_file(exported, zygote, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(exported, folder)
+    _truncate(folder / "model.safetensors")
+    r = zygote.run(["sample", "--from", str(folder)], tmp_path / "out", timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    errors = [line for line in r.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and str(folder / "model.safetensors") in errors[0], errors
