@@ -467,6 +467,7 @@ warmup_steps = 10
 [train]
 steps = {steps}
 global_batch = {global_batch}
+threads = {threads}
 log_every = 1
 
 [store]
@@ -487,7 +488,8 @@ def run_cli(args, name: str) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     cfg = work / "cli.toml"
     cfg.write_text(CLI_TOML.format(work=work, max_seq_len=max(256, size["seq_len"]), seq_len=size["seq_len"],
-                                   steps=size["steps"], global_batch=size["global_batch"], **model), encoding="utf-8")
+                                   steps=size["steps"], global_batch=size["global_batch"], threads=1 if args.smoke else 0,
+                                   **model), encoding="utf-8")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     timings: dict[str, float] = {}
 
