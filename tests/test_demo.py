@@ -24,8 +24,7 @@ def test_tiny_default_trains_to_a_useful_loss_and_a_rerun_finds_it_complete(tmp_
     shutil.copy(ROOT / "configs" / "tiny.toml", tmp_path / "configs" / "tiny.toml")
 
     # One torch thread: the suite's other worker shares the cores, and a thread per core beside it makes
-    # every parallel region wait for a descheduled thread (minutes more on a busy machine). The config and
-    # the command are make demo's.
+    # every parallel region wait for a descheduled thread (minutes more on a busy machine).
     def demo(command: str):
         return baton_cli(command, "-c", "configs/tiny.toml", "--no-progress", cwd=tmp_path, check=True,
                          timeout=HANG_S, fresh=True, env={"OMP_NUM_THREADS": "1"})
