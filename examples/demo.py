@@ -149,7 +149,18 @@ def demo(config: str, sets: list[str]) -> int:
     run, total = cfg.run.name, cfg.train.steps
     machine = [Path(cfg.run.local_dir), Path(cfg.data.dir)]
     run_dir = machine[0] / run
-    for folder in (Path(cfg.store.url) / run, Path(cfg.data.url), *machine):
+    # The demo deletes these folders first: each must be a local folder of its own, never a real store and
+    # never the working folder or one above it.
+    fresh = [Path(cfg.store.url) / run, Path(cfg.data.url), *machine]
+    here = Path.cwd().resolve()
+    unsafe = [f"{key}={url!r}" for f, url, key in zip(fresh, (cfg.store.url, cfg.data.url, cfg.run.local_dir, cfg.data.dir),
+                                              ("store.url", "data.url", "run.local_dir", "data.dir"))
+              if not url or "://" in url or f.resolve() in (here, *here.parents)]
+    if unsafe:
+        print(f"demo: {', '.join(unsafe)}: the demo deletes this folder first, so it must be a local folder, "
+              "not the working folder or one above it", file=sys.stderr)
+        return 2
+    for folder in fresh:
         shutil.rmtree(folder, ignore_errors=True)  # the demo starts from nothing
 
     header(1, "the data: prepared once, published beside the store",
