@@ -50,6 +50,7 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "docs" / "quickstart.md"))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     opts = parser.parse_args()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # other work on the cores slows the demo
     cmd = [sys.executable, str(ROOT / "examples" / "demo.py"), *(a for kv in opts.set for a in ("--set", kv))]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
@@ -59,12 +60,12 @@ def main() -> int:
         sys.stderr.write(done.stderr)
         print(f"demo_doc: the demo exited {done.returncode}; {opts.out} is unchanged", file=sys.stderr)
         return 1
-    Path(opts.out).write_text(page(done.stdout))
+    Path(opts.out).write_text(page(done.stdout, load))
     print(f"demo_doc: wrote {opts.out}")
     return 0
 
 
-def page(output: str) -> str:
+def page(output: str, load: float | None = None) -> str:
     parts = HEADER.split(output)  # [before, n, title, body, n, title, body, ...]
     blocks = [(int(parts[i]), parts[i + 1], parts[i + 2]) for i in range(1, len(parts), 3)]
     if [n for n, _, _ in blocks] != list(range(1, len(EXPLAIN) + 1)):
@@ -72,6 +73,8 @@ def page(output: str) -> str:
     params = re.search(r"\(([\d,]+) parameters\)", output)
     size = f"a {int(params.group(1).replace(',', '')) / 1e6:.1f} M-parameter" if params else "a small"
     machine = f"{os.cpu_count()} CPU cores ({platform.machine()}), Python {platform.python_version()}"
+    if load is not None:
+        machine += f", load average {load:.1f} when it began (other work on the cores lengthens every time below)"
     out = ["# Quick start: what `make demo` shows", "",
            "<!-- Written by examples/demo_doc.py from a real run of the demo; run it again rather than editing "
            "the output below. -->", "",
