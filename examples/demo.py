@@ -35,6 +35,12 @@ import threading
 import time
 from pathlib import Path
 
+import baton
+from baton.checkpoint.pointer import read_pointer
+from baton.planning.ledger import read_ledger
+from baton.store import open_store
+from baton.store.base import Store
+
 # What the plan and the simulation assume: sessions of 90 s on a platform that grants 0.1 GPU-hours a day,
 # and a rate near what two CPU cores measure for the demo's model (before the first session there is no
 # measured rate; afterwards `baton plan` takes the ledger's).
@@ -139,12 +145,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def demo(config: str, sets: list[str]) -> int:
-    # baton's own readers: the demo checks the store the way baton reads it.
-    import baton
-    from baton.checkpoint.pointer import read_pointer
-    from baton.planning.ledger import read_ledger
-    from baton.store import open_store
-
     began = time.monotonic()
     cpu_began = os.times()
     cfg = baton.load_config(config, sets[1::2])
@@ -196,7 +196,7 @@ def demo(config: str, sets: list[str]) -> int:
     for folder in machine:
         shutil.rmtree(folder)
     cli("train", *c, "--no-progress")
-    print("\n" + relay_proof(store, run, total, read_ledger, read_pointer), flush=True)
+    print("\n" + relay_proof(store, run, total), flush=True)
 
     header(5, "what the store knows: status, ledger, report",
            "Anyone with the config can ask the store, from any machine: where the run is, every session's "
@@ -228,8 +228,8 @@ def demo(config: str, sets: list[str]) -> int:
     return 0
 
 
-def relay_proof(store, run: str, total: int, read_ledger, read_pointer) -> str:
-    """From the ledger and the final checkpoint's per-step metrics: two sessions, the second resumed at the
+def relay_proof(store: Store, run: str, total: int) -> str:
+    """With baton's own readers, from the ledger and the final checkpoint's per-step metrics: two sessions, the second resumed at the
     first's last verified checkpoint, every step trained exactly once. DemoFailed when any of it does not
     hold."""
     records, problems = read_ledger(store, run)
@@ -242,6 +242,8 @@ def relay_proof(store, run: str, total: int, read_ledger, read_pointer) -> str:
         raise DemoFailed(f"the sessions do not join: session 1 {first.steps_from} -> {first.steps_to} (last "
                          f"verified checkpoint {verified}), session 2 {second.steps_from} -> {second.steps_to}")
     pointer = read_pointer(store, run)
+    if pointer is None:
+        raise DemoFailed("the store holds no pointer after session 2")
     rows = (store.read_text(f"{run}/{pointer.path}/metrics.jsonl") or "").splitlines()
     steps = [json.loads(r)["step"] for r in rows if r.strip()]
     if steps != list(range(1, total + 1)):
