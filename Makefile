@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh machine with Python >= 3.10:
-#   make demo   install, then prepare + train + sample the embedded default (configs/tiny.toml)
+#   make demo   install, then examples/demo.py: the relay on configs/demo.toml, block by block (under demo/)
 #   make test   install, then lint (make lint), run the commands on other library versions, and the test suite
 PYTHON ?= python3
 VENV   ?= .venv
@@ -17,9 +17,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/baton prepare --config configs/tiny.toml
-	$(BIN)/baton train --config configs/tiny.toml
-	$(BIN)/baton sample --from runs/tiny/final --prompt "def " --max-new-tokens 48
+	$(BIN)/python examples/demo.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
