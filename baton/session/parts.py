@@ -23,7 +23,7 @@ from ..errors import BatonError, ConfigError
 from ..model.llama import build_model, count_parameters, param_count
 from ..model.optimizer import build_optimizer, check_precision, split_summary
 from ..planning.ledger import SessionLedger
-from ..runtime import attention, autotune, determinism, dist, logs, memory
+from ..runtime import attention, autotune, determinism, dist, features, logs, memory
 from ..runtime.device import pick_device, rank_device
 from ..runtime.flops import FlopsInfo, session_flops
 from ..runtime.parallel import Parallel
@@ -87,6 +87,7 @@ def build(cfg: Config, stop_after: int | None, started: float, deadline: float |
     info = dist.init(device.type, cfg.train.dist_timeout)
     device = rank_device(device, info.local_rank, dist.under_torchrun())
     attention.check(cfg.model.attn, device)  # one line now, not a kernel error after set-up
+    features.check(cfg, info.world)  # what this torch lacks (Muon, FSDP2), said before anything is written
     logs.setup(info.rank, cfg.run_dir / "logs")
     total_steps = cfg.total_steps
     world = info.world

@@ -107,6 +107,16 @@ def test_a_relay_on_a_local_store_and_on_the_hub(env, tmp_path, hub_server):
     assert "resumed at step 3" in resumed.stdout + resumed.stderr, resumed.stderr
     assert json.loads(hub_server.read(f"me/compat-{env.name}", "compat/latest.json"))["step"] == 6
 
+    # Muon is torch.optim.Muon (torch 2.9): on an older torch, one line naming the version, nothing written.
+    has_muon = subprocess.run([str(env.bin / "python"), "-c", "import torch; assert hasattr(torch.optim, 'Muon')"],
+                              capture_output=True, timeout=300).returncode == 0
+    muon = baton("train", "-c", str(cfg), "--set", "optim.name=muon", "--set", "run.name=muon", "--set",
+                 "train.steps=2", expect=0 if has_muon else 2)
+    if not has_muon:
+        assert muon.stderr.strip().splitlines()[-1].startswith(
+            'baton: error: optim.name = "muon" needs torch.optim.Muon, which torch 2.9 and newer have'), muon.stderr
+        assert not (work / "store" / "muon").exists()
+
 
 def test_without_extras_every_command_works_or_names_its_extra(bare_env, tmp_path):
     env = bare_env

@@ -72,3 +72,25 @@ def test_nproc_past_the_visible_gpus_is_refused_before_any_launch(monkeypatch, m
     assert not (cfg.run_dir / "logs").exists()  # no rank was started
     with pytest.raises(BatonError, match=r"^train.device='cuda:1' names one GPU, and --nproc 2 starts a process per GPU"):
         baton.train(load_config(make_config(), ["train.device=cuda:1"]), nproc=2, progress=False)
+
+
+def test_settings_this_torch_lacks_are_refused_at_start_in_one_line(monkeypatch, make_config):
+    """Muon (torch.optim.Muon, torch 2.9) and FSDP2 (torch 2.6) on an older torch: one line naming the version,
+    before anything is written. (tests/compat runs the refusal on a real torch 2.4.)"""
+    from baton.runtime import features
+
+    monkeypatch.setattr(features, "_has_muon", lambda: False)
+    monkeypatch.setattr(features, "_has_fsdp2", lambda: False)
+    monkeypatch.setattr(torch, "__version__", "2.4.0+cu121")
+    cfg = load_config(make_config(), ["optim.name=muon"])
+    assert features.refusals(cfg, 1) == [
+        'optim.name = "muon" needs torch.optim.Muon, which torch 2.9 and newer have, and this is torch 2.4.0 '
+        '(upgrade torch, or use optim.name = "adamw")']
+    fsdp = load_config(make_config(name="fsdp.toml"), ["train.parallel=fsdp"])
+    assert features.refusals(fsdp, 1) == []  # one process trains the plain model
+    assert features.refusals(fsdp, 2) == [(
+        'train.parallel = "fsdp" needs FSDP2 (torch.distributed.fsdp.fully_shard), which torch 2.6 and newer have, '
+        'and this is torch 2.4.0 (upgrade torch, or use train.parallel = "ddp")')]
+    with pytest.raises(ConfigError, match=r'^optim.name = "muon" needs torch.optim.Muon'):
+        parts.build(cfg, None, 0.0, None, resume="never")
+    assert not cfg.run_dir.exists()
