@@ -59,6 +59,10 @@ def build_model(m: ModelConfig, device: str | torch.device = "cpu", seed: int | 
         torch.manual_seed(seed)
     with torch.device(device):
         model = LlamaForCausalLM(hf_config(m))
+    if m.tie_embeddings and model.lm_head.weight is not model.model.embed_tokens.weight:
+        # transformers 5.0 leaves a model built on the meta device untied (later releases tie it there too):
+        # tie it, or the shape counts a second vocabulary x hidden matrix the run never has.
+        model.tie_weights()
     model.to(torch.float32)
     if m.grad_ckpt:
         # transformers 5 renamed the switch; accept both so a minor upgrade cannot silently drop it.

@@ -88,6 +88,10 @@ def test_a_relay_on_a_local_store_and_on_the_hub(env, tmp_path, hub_server):
     sample = baton("sample", "--from", str(work / "exported"), "--prompt", "def ", "--max-new-tokens", "8")
     assert sample.stdout.strip()
 
+    # preflight's cheap stages: the model's shape built on the meta device, the data, the store's proof.
+    baton("preflight", "-c", str(cfg), "--stages", "construct,data,storage", "--out", str(work / "pf"))
+    assert json.loads((work / "pf" / "preflight.json").read_text())["verdict"] == "PASS"
+
     bench = baton("bench", "-c", str(cfg), "--attn", "sdpa", "--seq", "32", "--micro", "4", "--grad-ckpt", "off",
                   "--warmup", "0", "--steps", "1", "--out", str(work / "bench"))
     cells = json.loads((work / "bench" / "bench.json").read_text())["cells"]
