@@ -11,7 +11,8 @@ from baton.errors import BatonError
 
 
 def test_a_missing_library_is_one_line_naming_its_extra(monkeypatch):
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as when it is not installed
+    for name in [m for m in sys.modules if m.split(".")[0] == "matplotlib"] + ["matplotlib", "matplotlib.pyplot"]:
+        monkeypatch.setitem(sys.modules, name, None)  # an import fails as when it is not installed
     with pytest.raises(extras.MissingExtra) as e:
         extras.require("matplotlib.pyplot", "the bench plot")
     assert isinstance(e.value, BatonError)

@@ -58,7 +58,7 @@ def generate(folder: Path, prompt: str, max_new_tokens: int = 64, temperature: f
 
     fix = "export the model again with `baton export --force`"
     for weights in sorted(folder.glob("*.safetensors")):  # a cut copy is named by its file, not by its folder
-        with reading(weights, "model weights file", fix), safe_open(str(weights), "pt"):
+        with reading(weights, "exported model folder's weights file", fix), safe_open(str(weights), "pt"):
             pass
     # transformers raises a different type for every way a folder can be damaged; only the loads are wrapped.
     with reading(folder, "exported model folder", fix, also=(Exception,)):

@@ -90,7 +90,7 @@ def test_auto_settings_resolve_on_cpu(tmp_path):
     assert "accumulation 3" in notes["micro_batch"]
     cfg = load_config(None, ["train.compile=true", "train.micro_batch=8", "train.global_batch=8",
                              "train.fused_ce=false"])
-    assert resolve(cfg, torch.device("cpu"), world=1) == {}
+    assert resolve(cfg, torch.device("cpu"), world=1) == {"attn": "auto -> sdpa (cpu)"}  # the only auto left
     assert (cfg.train.micro_batch, cfg.train.compile) == (8, True)
 
 
