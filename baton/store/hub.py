@@ -27,9 +27,9 @@ from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 from huggingface_hub.utils import build_hf_headers, disable_progress_bars, get_session, hf_raise_for_status
 
-from ..errors import ConfigError, StoreError
+from ..errors import ConfigError, StoreError, WriteConflict
 from ..guard import split_url
-from .base import ObjectInfo, RangeRead, decode_text, safe_key, write_download
+from .base import ObjectInfo, RangeRead, Versioned, decode_text, safe_key, write_download
 from .retry import RetryPolicy, Transient, call
 
 
@@ -130,6 +130,8 @@ class HubStore:
                 return StoreError(f"revision {self.revision!r} does not exist in {self.repo_id}")
             if isinstance(seen, HfHubHTTPError) and seen.response is not None:
                 status = seen.response.status_code
+                if status in (409, 412):  # a commit whose parent is no longer the branch's head
+                    return WriteConflict(f"the branch moved since the commit it names (HTTP {status})")
                 if status in (408, 429) or status >= 500:
                     return Transient(f"HTTP {status}")
                 if status == 401:
@@ -192,7 +194,7 @@ class HubStore:
                              "to it (HF_TOKEN or `hf auth login`)")
 
     # ------------------------------------------------------------------------------- protocol
-    def put_file(self, local: Path, key: str, sha256: str) -> str:
+    def put_file(self, local: Path, key: str, sha256: str, create: bool = False) -> str:
         self.put_files([(local, key, sha256)])
         return sha256
 
@@ -295,3 +297,68 @@ class HubStore:
         data = text.encode("utf-8")
         self._commit(lambda: [CommitOperationAdd(path_in_repo=safe_key(key), path_or_fileobj=data)],
                      f"baton: write {key}", f"write of {key}")
+
+    # ------------------------------------------------------------------------ conditional writes
+    def _head(self) -> str:
+        info = self._call(lambda: self.api.repo_info(self.repo_id, revision=self.revision, repo_type=self.repo_type),
+                          f"head of {self.revision}")
+        return str(info.sha)
+
+    def read_versioned(self, key: str) -> Versioned | None:
+        """The file as the branch holds it now; its version is the commit it was served from (X-Repo-Commit), the
+        parent a conditional write names. The Hub tells no age cheaply: None (expiry is then watched for)."""
+        def read() -> Versioned | None:
+            r = self._get(key)
+            if r.status_code == 404 and r.headers.get("X-Error-Code") != "RepoNotFound":
+                return None
+            hf_raise_for_status(r)
+            commit = r.headers.get("X-Repo-Commit")
+            if not commit:
+                raise StoreError(f"the Hub named no commit (X-Repo-Commit) for {key}")
+            text = decode_text(r.content, key, self.describe())
+            assert text is not None
+            return Versioned(text, commit, None)
+
+        return self._call(read, f"read of {key}")
+
+    def write_if(self, key: str, text: str, version: str | None) -> str:
+        """A commit whose parent is ``version`` (the commit ``read_versioned`` saw): the Hub refuses it (412) once the
+        branch has moved. Any commit moves it, so a conflict says only that something changed since: the caller
+        reads again and retries when what it cares about is still as it left it. A create reads the branch's head
+        and commits on it only if the file is absent there."""
+        data = text.encode("utf-8")
+        parent = version
+        if parent is None:
+            parent = self._head()
+            if self._get_at(key, parent) is not None:
+                raise WriteConflict(f"{key} in {self.describe()} exists already")
+
+        def commit() -> str:
+            info = self.api.create_commit(self.repo_id, [CommitOperationAdd(path_in_repo=safe_key(key),
+                                                                            path_or_fileobj=data)],
+                                          commit_message=f"baton: write {key}", repo_type=self.repo_type,
+                                          revision=self.revision, parent_commit=parent)
+            return str(info.oid)
+
+        self._bound_timeout()
+        try:
+            return call(commit, f"conditional write of {key}", self.describe(), self._classify, self.retry)
+        except WriteConflict:
+            now = self.read_versioned(key)
+            if now is not None and now.text == text:
+                return now.version  # our own commit, retried after its answer was lost
+            raise WriteConflict(f"{key} in {self.describe()}: the branch moved since commit {parent[:12]}") from None
+
+    def _get_at(self, key: str, commit: str) -> bytes | None:
+        def read() -> bytes | None:
+            prefix = {"model": "", "dataset": "datasets/"}[self.repo_type]
+            url = f"{self.endpoint}/{prefix}{self.repo_id}/resolve/{commit}/{quote(safe_key(key))}"
+            req = get_session().build_request("GET", url, headers=build_hf_headers(token=self._token),
+                                              timeout=self.timeout)
+            r = get_session().send(req, follow_redirects=True)
+            if r.status_code == 404 and r.headers.get("X-Error-Code") != "RepoNotFound":
+                return None
+            hf_raise_for_status(r)
+            return r.content
+
+        return self._call(read, f"read of {key} at {commit[:12]}")
