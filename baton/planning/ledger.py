@@ -88,6 +88,8 @@ class LedgerRecord:
     slurm_array_task: int | None = None  # its index in a job array (SLURM_ARRAY_TASK_ID)
     slurm_restarts: int | None = None  # times the job had been requeued before this session (SLURM_RESTART_COUNT)
     requeued: bool = False  # it ended by requeueing its SLURM job for the next session (train.requeue)
+    epoch: int | None = None  # the run's lease epoch it held (store.lease); None: it held none
+    took_over: dict[str, Any] | None = None  # the session it took the lease from: {"session", "host", "epoch", "why"}
 
     @property
     def last_ts(self) -> float:
@@ -119,6 +121,10 @@ class LedgerRecord:
             raise ValueError("slurm_job is not a job id")
         if not isinstance(d.get("requeued", False), bool):
             raise ValueError("requeued is not true or false")
+        if d.get("epoch") is not None and type(d["epoch"]) is not int:
+            raise ValueError("epoch is not a whole number")
+        if d.get("took_over") is not None and not isinstance(d["took_over"], dict):
+            raise ValueError("took_over is not a table")
         booked = d.get("checkpoints") or []
         if not isinstance(booked, list) or not all(isinstance(c, dict) and type(c.get("step")) is int for c in booked):
             raise ValueError("checkpoints is not a list of checkpoint records")
@@ -142,11 +148,13 @@ class SessionLedger:
     def __init__(self, store: Store, run: str, started: float, device: str, accelerators: int,
                  bill_factor: float, tokens_per_step: int, deadline: float | None = None,
                  heartbeat_every_s: float = 0.0, data: dict[str, Any] | None = None,
-                 slurm: tuple[str, int | None, int] | None = None):
-        """``slurm``: (job id, array index, requeues so far) of the SLURM job the session runs in."""
+                 slurm: tuple[str, int | None, int] | None = None, session: str | None = None,
+                 epoch: int | None = None, took_over: dict[str, Any] | None = None):
+        """``slurm``: (job id, array index, requeues so far) of the SLURM job the session runs in. ``session``: its
+        id, when made before (the lease names it); ``epoch``, ``took_over``: the run's lease it holds."""
         self.store = store
         self.run = run
-        self.id = new_session_id(started)
+        self.id = session or new_session_id(started)
         self.key = ledger_key(run, self.id)
         self.heartbeat_every_s = heartbeat_every_s
         self.rec = LedgerRecord(
@@ -154,7 +162,7 @@ class SessionLedger:
             accelerators=accelerators, bill_factor=bill_factor, started=_iso_s(started), started_ts=started,
             heartbeat=_iso_s(started), heartbeat_ts=started, tokens_per_step=tokens_per_step,
             deadline=_iso_s(deadline) if deadline else None, deadline_ts=deadline,
-            heartbeat_every_s=heartbeat_every_s, data=data)
+            heartbeat_every_s=heartbeat_every_s, data=data, epoch=epoch, took_over=took_over)
         if slurm is not None:
             self.rec.slurm_job, self.rec.slurm_array_task, self.rec.slurm_restarts = slurm
         self._last_write = 0.0
@@ -334,6 +342,10 @@ def format_ledger(records: list[LedgerRecord], t: Totals) -> str:
         # A preflight stage's record trains no steps of the run: no range, not "None → None".
         steps = "—" if r.steps_from is None else f"{r.steps_from} → {r.steps_to}"
         outcome = r.outcome if r.outcome != OPEN else "no end recorded (running, or died: billed to heartbeat)"
+        if r.took_over:
+            was = r.took_over
+            outcome += (f"; took the run over from {was.get('session')} on {was.get('host')} (epoch "
+                        f"{was.get('epoch')}, {'its lease had expired' if was.get('why') == 'expired' else 'with --take-over'})")
         lines.append(f"| {r.session} | {r.started} | {r.heartbeat} | {r.ended or '—'} | "
                      f"{billed_hours(r):.4f} | {outcome} | {steps} | {r.device} x{r.bill_factor} |")
     lines.append("")
