@@ -37,7 +37,10 @@ TRANSIENT_ERRNOS = {errno.EIO, errno.ESTALE, errno.ETIMEDOUT, errno.EAGAIN, errn
 HASH_THREADS = max(1, min(4, (os.cpu_count() or 2) // 2))
 CHUNK = 8 << 20
 LOCK_SUFFIX = ".lock"  # the sibling a conditional write locks (fcntl: released by the kernel if its process dies)
-CLOCK_FILE = ".baton-clock"  # touched to read the store's clock (on a network mount: the file server's)
+CLOCK_FILE = ".baton-clock"
+# fcntl locks belong to the process (and closing any descriptor of the file drops them): the threads of one
+# process, whatever store object they hold, take turns here first.
+_CAS = threading.Lock()  # touched to read the store's clock (on a network mount: the file server's)
 
 
 class LocalStore:
@@ -48,7 +51,6 @@ class LocalStore:
         self._root_seen = self.root.is_dir()
         self._written: dict[str, tuple[int, int, int, str]] = {}  # key -> (size, inode, mtime_ns, sha256)
         self._lock = threading.Lock()
-        self._cas = threading.Lock()  # fcntl locks belong to the process: threads of one take turns here
 
     # The cycle may take the sha256 from put_file instead of hashing the folder first.
     hashes_on_write = True
@@ -269,7 +271,7 @@ class LocalStore:
         def write() -> str:
             self._check_root()
             p.parent.mkdir(parents=True, exist_ok=True)
-            with self._cas, open(p.with_name(p.name + LOCK_SUFFIX), "a+b") as lock:
+            with _CAS, open(p.with_name(p.name + LOCK_SUFFIX), "a+b") as lock:
                 fcntl.lockf(lock, fcntl.LOCK_EX)
                 try:
                     try:

@@ -351,6 +351,8 @@ class S3Store:
             date = (r.get("ResponseMetadata", {}).get("HTTPHeaders") or {}).get("date")
             modified = r.get("LastModified")
             age = None
+            if date and "GMT," in date:  # a proxy on the way added its Date beside the service's: one clock's is enough
+                date = date.split("GMT,", 1)[0] + "GMT"
             if date and modified is not None:
                 try:
                     age = max(0.0, (parsedate_to_datetime(date) - modified).total_seconds())
