@@ -276,7 +276,7 @@ class Lease:
     def _lapsed(self, now: float) -> str:
         return (f"the lease on run {self.run!r} lapsed: no renewal reached the store for {now - self._renewed_at:.0f} s "
                 f"(its lifetime is {self.ttl_s:.0f} s; the process was paused or the store unreachable), so another "
-                "session may hold the run now; this session stopped without writing anything more")
+                "session may hold the run now: this session is fenced and stopped without writing anything more")
 
     def _taken(self, cur: Versioned | None) -> str:
         try:
@@ -284,8 +284,8 @@ class Lease:
         except StoreError:
             rec = None
         by = f"{rec.holder()} (epoch {rec.epoch})" if rec is not None else "another session"
-        return (f"this session's lease on run {self.run!r} (epoch {self.epoch}) was taken over by {by}; this session "
-                "was fenced and stopped without writing anything more (the run goes on in that session)")
+        return (f"this session's lease on run {self.run!r} (epoch {self.epoch}) was taken over by {by}: this session "
+                "is fenced and stopped without writing anything more (the run goes on in that session)")
 
     def _fence(self, why: str) -> None:
         if self._lost is None:
