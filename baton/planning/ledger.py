@@ -344,8 +344,9 @@ def format_ledger(records: list[LedgerRecord], t: Totals) -> str:
         outcome = r.outcome if r.outcome != OPEN else "no end recorded (running, or died: billed to heartbeat)"
         if r.took_over:
             was = r.took_over
-            outcome += (f"; took the run over from {was.get('session')} on {was.get('host')} (epoch "
-                        f"{was.get('epoch')}, {'its lease had expired' if was.get('why') == 'expired' else 'with --take-over'})")
+            why = {"expired": "its lease had expired", "gone": "its process had ended"}.get(str(was.get("why")),
+                                                                                          "with --take-over")
+            outcome += f"; took the run over from {was.get('session')} on {was.get('host')} (epoch {was.get('epoch')}, {why})"
         lines.append(f"| {r.session} | {r.started} | {r.heartbeat} | {r.ended or '—'} | "
                      f"{billed_hours(r):.4f} | {outcome} | {steps} | {r.device} x{r.bill_factor} |")
     lines.append("")

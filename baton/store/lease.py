@@ -44,6 +44,32 @@ log = logging.getLogger(__name__)
 LEASE = "lease"
 FORMAT = "baton-lease-v1"
 TAKE_OVER_HINT = "`baton train --take-over` (train(..., take_over=True) in Python)"
+# Why a session took the lease from another, as the log and the ledger say it.
+WHY = {"expired": "its lease had expired", "gone": "its process had ended on this machine",
+       "--take-over": "asked with --take-over"}
+
+
+def this_machine() -> str | None:
+    """This boot of this machine and this process namespace: processes that share it see one process table, so
+    one of them can tell for certain that another has ended. None where that cannot be told (not Linux)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return None
+
+
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot), or None when no live process has that id: a pid
+    reused by a later process has another start, and a zombie counts as ended."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # the name in parentheses may hold spaces
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])  # field 22 of proc(5), counted from the state (field 3)
 
 
 def lease_key(run: str) -> str:
@@ -69,6 +95,13 @@ class LeaseRecord:
     renewed: str = ""
     released: bool = False
     took_over: dict[str, Any] | None = None  # {"session", "host", "epoch", "why"}: whom this holder replaced
+    machine: str | None = None  # this_machine() of the holder: a session there can tell the holder has ended
+    proc_start: int | None = None  # the holder's process_start
+
+    def ended(self) -> bool:
+        """Its process has ended, as told for certain on the holder's own machine (False anywhere else)."""
+        mine = this_machine()
+        return mine is not None and self.machine == mine and process_start(self.pid) != self.proc_start
 
     def to_text(self) -> str:
         return json.dumps({"format": FORMAT, **asdict(self)}, indent=1, sort_keys=True)
@@ -87,7 +120,9 @@ class LeaseRecord:
             return cls(session=str(d["session"]), host=str(d["host"]), pid=int(d["pid"]), started=str(d["started"]),
                        epoch=d["epoch"], ttl_s=float(ttl), renewals=int(d.get("renewals", 0)),
                        renewed=str(d.get("renewed", "")), released=d.get("released") is True,
-                       took_over=d.get("took_over") if isinstance(d.get("took_over"), dict) else None)
+                       took_over=d.get("took_over") if isinstance(d.get("took_over"), dict) else None,
+                       machine=d["machine"] if isinstance(d.get("machine"), str) else None,
+                       proc_start=d["proc_start"] if type(d.get("proc_start")) is int else None)
         except (ValueError, TypeError, KeyError) as e:
             raise StoreError(f"the lease {key} is damaged ({e}); delete it once no session of the run is running, "
                              "then start again") from None
@@ -153,13 +188,15 @@ class Lease:
             if cur is not None and rec is not None and not rec.released:
                 if take_over:
                     why = "--take-over"
+                elif rec.ended():  # killed on this machine (a crash, a restarted kernel): no need to wait
+                    why = "gone"
                 else:
                     why = self._judge(cur, rec)
                     if why is None:
                         continue  # it changed while watched (a release, a takeover): judge the new one
             mine = LeaseRecord(session=self.session, host=socket.gethostname(), pid=os.getpid(),
                                started=_iso(self._started), epoch=(rec.epoch if rec else 0) + 1, ttl_s=self.ttl_s,
-                               renewed=_iso(time.time()),
+                               renewed=_iso(time.time()), machine=this_machine(), proc_start=process_start(os.getpid()),
                                took_over=({"session": rec.session, "host": rec.host, "epoch": rec.epoch, "why": why}
                                           if rec is not None and why else None))
             t0 = self._clock()
@@ -172,8 +209,7 @@ class Lease:
             faults.point("lease.acquired", mine.epoch)
             if why:
                 log.warning("took over run %r from %s (epoch %d, %s); that session is fenced: it can no longer "
-                            "write to the run", self.run, rec.holder() if rec else "?", mine.epoch - 1,
-                            "its lease had expired" if why == "expired" else "asked with --take-over")
+                            "write to the run", self.run, rec.holder() if rec else "?", mine.epoch - 1, WHY[why])
             log.info("lease on run %r taken: epoch %d, renewed every %.0f s, expires %.0f s after a renewal",
                      self.run, mine.epoch, self.ttl_s / 3, self.ttl_s)
             return mine
