@@ -135,6 +135,9 @@ def _take_lease(cfg: Config, store: Store, started: float, take_over: bool) -> L
     lease = Lease(store, cfg.run.name, new_session_id(started), cfg.store.lease_seconds, started=started)
     lease.acquire(take_over)
     try:
+        fence = getattr(store, "fence", None)
+        if fence is not None:
+            fence(lease.on_moved)  # the Hub: every commit from now on names its parent (HubStore.fence)
         lease.seal(pointer_key(cfg.run.name))
         lease.start()
     except BaseException:

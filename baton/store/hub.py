@@ -16,8 +16,11 @@ classic LFS path instead. ``huggingface_hub`` retries some calls itself (5xx, 42
 from __future__ import annotations
 
 import builtins
+import copy
 import hashlib
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from urllib.parse import parse_qs, quote
 
@@ -71,6 +74,12 @@ class HubStore:
         self.api = HfApi(endpoint=endpoint, token=token)
         self.endpoint = self.api.endpoint.rstrip("/")
         self._token = token or hf.get_token()
+        # Fencing (``fence``): every commit names its parent, so this client's commits form one unbroken line on
+        # the branch; ``_line`` holds the commits from which every later one up to ``_last`` is this client's.
+        self._on_moved: Callable[[], str] | None = None
+        self._last: str | None = None
+        self._line: set[str] = set()
+        self._line_lock = threading.Lock()
         if hf.constants.HF_HUB_DISABLE_PROGRESS_BARS is None:
             # Pushes run beside the training's progress bar; the library's own bars would interleave with it.
             disable_progress_bars()
@@ -166,10 +175,47 @@ class HubStore:
                                                                            **(headers or {})}, timeout=self.timeout)
         return get_session().send(req, follow_redirects=True, stream=stream)
 
+    def fence(self, on_moved: Callable[[], str]) -> None:
+        """Fence every later commit of this client: each names as its parent the commit this client made last, so
+        the Hub refuses it (412) once anyone else has committed. ``on_moved`` then decides: it raises (Fenced)
+        when this client may no longer write (the run's lease is another session's), or returns the commit at
+        which it found that it still may, which the commit is retried on. A checkpoint's files, the pointer, a
+        deletion: no commit lands after another session took the run over."""
+        self._on_moved = on_moved
+
+    def unchained(self) -> HubStore:
+        """This store without the fence: for the one record a fenced session still writes (its ledger's end)."""
+        other = copy.copy(self)
+        other._on_moved, other._last, other._line, other._line_lock = None, None, set(), threading.Lock()
+        return other
+
+    def _create(self, ops: builtins.list, message: str, parent: str | None) -> str:
+        info = self.api.create_commit(self.repo_id, ops, commit_message=message, repo_type=self.repo_type,
+                                      revision=self.revision, parent_commit=parent)
+        return str(info.oid)
+
+    def _advance(self, parent: str | None, oid: str) -> None:
+        with self._line_lock:
+            if parent is not None and parent == self._last:
+                self._line.add(oid)
+            else:
+                self._line = {oid} if parent is None else {parent, oid}
+            self._last = oid
+
     def _commit(self, ops_factory, message: str, what: str) -> None:
         # Operations are rebuilt for each attempt: the client refuses to reuse a committed one.
-        self._call(lambda: self.api.create_commit(self.repo_id, ops_factory(), commit_message=message,
-                                                  repo_type=self.repo_type, revision=self.revision), what)
+        on_moved = self._on_moved
+        parent = None
+        if on_moved is not None:
+            parent = self._last or on_moved()
+        try:
+            oid = self._call(lambda: self._create(ops_factory(), message, parent), what)
+        except WriteConflict:
+            if on_moved is None:
+                raise
+            parent = on_moved()  # raises unless this client may still write; a second conflict is an error
+            oid = self._call(lambda: self._create(ops_factory(), message, parent), what)
+        self._advance(parent, oid)
 
     def check_write_access(self) -> None:
         """Refuse, before any upload, a token the Hub says may not write to this repository.
@@ -328,21 +374,23 @@ class HubStore:
         and commits on it only if the file is absent there."""
         data = text.encode("utf-8")
         parent = version
+        with self._line_lock:
+            if version is not None and version in self._line:
+                parent = self._last  # every commit since ``version`` is this client's own: none moved ``key``
         if parent is None:
             parent = self._head()
             if self._get_at(key, parent) is not None:
                 raise WriteConflict(f"{key} in {self.describe()} exists already")
 
         def commit() -> str:
-            info = self.api.create_commit(self.repo_id, [CommitOperationAdd(path_in_repo=safe_key(key),
-                                                                            path_or_fileobj=data)],
-                                          commit_message=f"baton: write {key}", repo_type=self.repo_type,
-                                          revision=self.revision, parent_commit=parent)
-            return str(info.oid)
+            return self._create([CommitOperationAdd(path_in_repo=safe_key(key), path_or_fileobj=data)],
+                                f"baton: write {key}", parent)
 
         self._bound_timeout()
         try:
-            return call(commit, f"conditional write of {key}", self.describe(), self._classify, self.retry)
+            oid = call(commit, f"conditional write of {key}", self.describe(), self._classify, self.retry)
+            self._advance(parent, oid)
+            return oid
         except WriteConflict:
             now = self.read_versioned(key)
             if now is not None and now.text == text:

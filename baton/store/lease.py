@@ -236,20 +236,23 @@ class Lease:
         return "expired"
 
     def seal(self, pointer_key: str) -> None:
-        """Right after acquiring: rewrite the run's pointer with this epoch, on the version read, so any older
-        holder's pointer write (conditional on the version it saw) now fails. A pointer moved in between by
-        such a holder is sealed as it now is, and the session resumes from it."""
+        """Right after acquiring: learn the pointer's version, which this session's first pointer write names.
+        Taken from a holder that may still be alive (expired, or --take-over), the pointer is also rewritten with
+        this epoch, on the version read, so that holder's pointer write (conditional on the version it saw) fails
+        from now on; a pointer it moved in between is sealed as it now is, and the session resumes from it. A
+        released lease, or one whose process has ended, leaves no such writer: the pointer is left as it is."""
+        rewrite = self.took_over is not None and self.took_over.get("why") in ("expired", "--take-over")
         while True:
             cur = self._read(pointer_key)
             if cur is None:
                 self.pointer_version, self._pointer_text = None, None
                 return
+            self.pointer_version, self._pointer_text = cur.version, cur.text
             try:
                 doc = json.loads(cur.text)
             except json.JSONDecodeError:
                 doc = None
-            if not isinstance(doc, dict):  # the resume reports a damaged pointer in its own words
-                self.pointer_version, self._pointer_text = cur.version, cur.text
+            if not rewrite or not isinstance(doc, dict):  # the resume reports a damaged pointer in its own words
                 return
             text = json.dumps({**doc, "epoch": self.epoch}, indent=1, sort_keys=True)
             try:
@@ -344,21 +347,36 @@ class Lease:
         if why is not None:
             raise Fenced(why)
 
+    def _mine(self, cur: Versioned) -> bool:
+        """Whether ``cur`` (the lease as just read) is this session's hold: what it last wrote, or a renewal of it
+        that landed while this thread read."""
+        if cur.text == self._text:
+            return True
+        try:
+            rec = LeaseRecord.from_text(cur.text, self.key)
+        except StoreError:
+            return False
+        return rec.session == self.session and rec.epoch == self.epoch and not rec.released
+
     def verify(self) -> None:
         """Before an irreversible write (pruning): read the lease (one request) and raise Fenced unless it is
         still this session's."""
         self.check()
         cur = self._read()
-        if cur is None or cur.text != self._text:
-            rec = None
-            if cur is not None:
-                try:
-                    rec = LeaseRecord.from_text(cur.text, self.key)
-                except StoreError:
-                    rec = None
-            if rec is None or rec.session != self.session or rec.epoch != self.epoch:
-                self._fence(self._taken(cur))
-                raise Fenced(self._lost or "")
+        if cur is None or not self._mine(cur):
+            self._fence(self._taken(cur))
+            raise Fenced(self._lost or "")
+
+    def on_moved(self) -> str:
+        """For a store that fences its own commits (``HubStore.fence``): someone else committed since this
+        session's last commit. Raises Fenced unless the lease is still this session's; returns the version (the
+        commit) at which it read that it is."""
+        cur = self._read()
+        if cur is None or not self._mine(cur):
+            self._fence(self._taken(cur))
+            raise Fenced(self._lost or "")
+        self.check()
+        return cur.version
 
     def roll(self, key: str, text: str) -> None:
         """The pointer's write: only on the version this session last saw (sealed at acquiring, then each of its

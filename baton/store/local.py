@@ -144,7 +144,7 @@ class LocalStore:
                 return []
             found = []
             for p in sorted(start.rglob("*")):
-                if not p.is_file() or p.name.endswith((".partial", LOCK_SUFFIX)) or p.name == CLOCK_FILE:
+                if not p.is_file() or p.name.endswith((".partial", LOCK_SUFFIX)):
                     continue
                 key = p.relative_to(self.root).as_posix()
                 if key.startswith(prefix):
@@ -236,10 +236,12 @@ class LocalStore:
         self._call(write, f"write of {key}")
 
     # ------------------------------------------------------------------------ conditional writes
-    def _clock(self) -> float:
+    @staticmethod
+    def _clock(path: Path) -> float:
         """The store's clock now: the stamp its file system puts on a file touched now (the file server's own
-        clock on a network mount), so an age compares two stamps of one clock."""
-        p = self.root / CLOCK_FILE
+        clock on a network mount), so an age compares two stamps of one clock. The file touched is ``path``'s
+        lock sibling, next to it, which listings skip."""
+        p = path.with_name(path.name + LOCK_SUFFIX)
         with open(p, "a"):
             pass
         os.utime(p)
@@ -257,7 +259,7 @@ class LocalStore:
                 return None
             text = decode_text(data, key, self.describe())
             assert text is not None
-            return Versioned(text, _digest(data), max(0.0, self._clock() - stamp))
+            return Versioned(text, _digest(data), max(0.0, self._clock(p) - stamp))
 
         return self._call(read, f"read of {key}")
 

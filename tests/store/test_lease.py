@@ -11,6 +11,8 @@ import time
 import pytest
 
 from baton.errors import Fenced, LeaseHeld, WriteConflict
+from baton.hashing import sha256_file
+from baton.store import put_files
 from baton.store.hub import HubStore
 from baton.store.lease import FencedStore, Lease, LeaseRecord, read_lease
 from baton.store.local import LocalStore
@@ -178,3 +180,37 @@ def test_a_damaged_lease_is_reported_with_the_fix(tmp_path):
                                         "running"):
         Lease(store, "r", "A", 30.0).acquire()
     assert LeaseRecord  # the record's own parser is what refused it
+
+
+def test_on_the_hub_every_commit_names_its_parent_and_a_fenced_sessions_commit_is_refused(make_backend, tmp_path):
+    """The Hub has no create-only upload: there every commit of a session holding the lease names the commit it
+    made last. Alone, its checkpoint, pointer and renewal commits chain without a single refusal; once another
+    session takes the run over, its next checkpoint commit is refused (412), it learns it is fenced, and the
+    new holder's files are untouched."""
+    backend = make_backend("hub")
+    a = Lease(backend.store, "r", "A", 60.0)
+    a.acquire()
+    backend.store.fence(a.on_moved)
+    a.seal(POINTER)
+    a_store = FencedStore(backend.store, a)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"\0" * 4096)
+    put_files(a_store, [(weights, "r/ckpt/step-5/model.safetensors", sha256_file(weights))])
+    a_store.roll(POINTER, json.dumps({"step": 5}))
+    assert a.renew()
+    put_files(a_store, [(weights, "r/ckpt/step-10/model.safetensors", sha256_file(weights))])
+    a_store.roll(POINTER, json.dumps({"step": 10}))
+    assert not [s for s in backend.proxy.seen if s.status == 412]
+    b_client = another_client(backend)
+    b = Lease(b_client, "r", "B", 60.0)
+    b.acquire(take_over=True)
+    b_client.fence(b.on_moved)
+    b.seal(POINTER)
+    theirs = tmp_path / "theirs.safetensors"
+    theirs.write_bytes(b"\1" * 4096)
+    put_files(FencedStore(b_client, b), [(theirs, "r/ckpt/step-15/model.safetensors", sha256_file(theirs))])
+    with pytest.raises(Fenced, match="taken over by session B"):
+        put_files(a_store, [(weights, "r/ckpt/step-15/model.safetensors", sha256_file(weights))])
+    assert backend.raw("r/ckpt/step-15/model.safetensors") == b"\1" * 4096
+    assert json.loads(backend.raw(POINTER)) == {"step": 10, "epoch": 2}
+    b.release()
