@@ -343,6 +343,16 @@ def verified_steps(records: list[LedgerRecord]) -> set[int]:
     return {s for r in records for s in r.verified_steps()}
 
 
+def takeover_note(took_over: dict[str, Any] | None) -> str:
+    """What a record's ``took_over`` says, as the ledger and the report print it after the outcome ("" if none)."""
+    if not took_over:
+        return ""
+    why = {"expired": "its lease had expired", "gone": "its process had ended"}.get(str(took_over.get("why")),
+                                                                                  "with --take-over")
+    return (f"; took the run over from {took_over.get('session')} on {took_over.get('host')} (epoch "
+            f"{took_over.get('epoch')}, {why})")
+
+
 def format_ledger(records: list[LedgerRecord], t: Totals) -> str:
     lines = ["| session | started | last heartbeat | ended | billed h | outcome | steps | device |",
              "|---|---|---|---|---|---|---|---|"]
@@ -350,11 +360,7 @@ def format_ledger(records: list[LedgerRecord], t: Totals) -> str:
         # A preflight stage's record trains no steps of the run: no range, not "None → None".
         steps = "—" if r.steps_from is None else f"{r.steps_from} → {r.steps_to}"
         outcome = r.outcome if r.outcome != OPEN else "no end recorded (running, or died: billed to heartbeat)"
-        if r.took_over:
-            was = r.took_over
-            why = {"expired": "its lease had expired", "gone": "its process had ended"}.get(str(was.get("why")),
-                                                                                          "with --take-over")
-            outcome += f"; took the run over from {was.get('session')} on {was.get('host')} (epoch {was.get('epoch')}, {why})"
+        outcome += takeover_note(r.took_over)
         lines.append(f"| {r.session} | {r.started} | {r.heartbeat} | {r.ended or '—'} | "
                      f"{billed_hours(r):.4f} | {outcome} | {steps} | {r.device} x{r.bill_factor} |")
     lines.append("")

@@ -154,6 +154,11 @@ def test_a_paused_holder_taken_over_stops_without_touching_the_new_holders_run(k
     a.kill(signal.SIGSTOP)
     try:
         assert where.pointer()["step"] == 10
+        shown = baton_cli("status", "-c", cfg_b, *where.flags)
+        lease_line = next(line for line in shown.stdout.splitlines() if line.startswith("lease: "))
+        holder = json.loads(where.raw("test/lease"))["session"]
+        assert f"session {holder} on host " in lease_line and ("expires in" in lease_line
+                                                               or lease_line.startswith("lease: expired:")), lease_line
         if how == "expired":
             refused = baton_cli("train", "-c", cfg_b, *ARGS, *where.flags)
             assert refused.returncode == 2 and REFUSED in refused.stderr, refused.stderr
@@ -234,3 +239,26 @@ def test_the_next_session_after_a_kill_or_a_stop_takes_the_run(aim, reference, m
     assert pointer["complete"] and pointer["epoch"] == last["epoch"]
     assert_tensors_equal(model, reference[0])
     assert_tensors_equal(optim, reference[1])
+
+
+def test_the_python_api_refuses_a_held_run_with_the_same_words(make_config, tmp_path):
+    """A notebook gets the refusal as an exception (LeaseHeld, one line in a cell) with the words the CLI prints;
+    take_over=True takes the run."""
+    import baton
+    from baton.config import load_config
+    from baton.errors import LeaseHeld
+    from baton.store.lease import Lease
+    from baton.store.local import LocalStore
+
+    cfg = load_config(make_config(), ["train.steps=4"])
+    holder = Lease(LocalStore(tmp_path / "store"), "test", "other-notebook", 600.0)
+    holder.acquire()
+    with pytest.raises(LeaseHeld) as refused:
+        baton.train(cfg, progress=False)
+    said = str(refused.value)
+    assert said.startswith("run 'test' is being trained by session other-notebook on host ")
+    assert "the lease expires in" in said and "train(..., take_over=True) in Python" in said
+    assert refused.value._render_traceback_() == [f"baton: error: {said}"]
+    summary = baton.train(cfg, progress=False, take_over=True)
+    assert summary["steps_done"] == 4
+    assert holder.renew() is False and "taken over by session" in holder.lost
