@@ -183,6 +183,8 @@ class Checkpointer:
         cfg = self.parts.cfg
         revision = revision_for(cfg, step, self.parts.total_steps)
         if revision:
+            if self.parts.lease is not None:
+                self.parts.lease.verify()  # publish.url is outside the run's store: a fenced session publishes nothing
             soft(f"publishing step {step} as revision {revision} of {cfg.publish.url}",
                  f"`baton publish --step {step} --revision {revision}` retries it",
                  lambda: publish(cfg, step, revision))
