@@ -192,7 +192,7 @@ class Checkpointer:
     def _push_error(self, step: int, cause: str) -> StoreError:
         p = self.parts
         if p.lease is not None and p.lease.lost is not None:
-            return Fenced(p.lease.lost)  # not a store fault: another session holds the run
+            return Fenced(p.lease.explain() or "")  # not a store fault: another session holds the run
         return StoreError(
             f"checkpoint at step {step} was not verified in {p.store.describe()} ({cause}); {self._held()}; the local copy "
             f"is kept in {p.run_dir / 'ckpt'}: fix the store's problem, then rerun the same `baton train` command, "

@@ -229,7 +229,7 @@ class Session:
     def fenced(self) -> Fenced:
         """The error every rank stops with once rank 0's lease is lost: rank 0's reason (others learn it there)."""
         lease = self.parts.lease
-        why = lease.lost if lease is not None else None
+        why = lease.explain() if lease is not None else None
         return Fenced(why or "rank 0 lost the run's lease to another session: this session is fenced and stopped without writing "
                              "anything more")
 

@@ -341,6 +341,21 @@ class Lease:
                 self._fence(self._lapsed(now))
         return self._lost
 
+    def explain(self) -> str | None:
+        """Why this session is fenced, for its last words: a lapsed lease that another session has taken since is
+        said to be taken over, naming that session (one read of the lease, never a write)."""
+        why = self.lost
+        if why is None or "lapsed" not in why:
+            return why
+        try:
+            cur = self._read()
+            rec = LeaseRecord.from_text(cur.text, self.key) if cur is not None else None
+        except StoreError:
+            return why
+        if rec is None or (rec.session == self.session and rec.epoch == self.epoch):
+            return why
+        return f"{self._taken(cur)}; its own lease had lapsed first ({why.split(': ', 1)[1].split(', so')[0]})"
+
     def check(self) -> None:
         """Before a write (no request): raise Fenced once this session is fenced or its lease has lapsed."""
         why = self.lost
