@@ -171,7 +171,6 @@ class Lease:
         self.took_over: dict[str, Any] | None = None
         self.pointer_version: str | None = None
         self._pointer_text: str | None = None
-        self.requests = 0  # store requests the lease made (renewals included): for the benchmark
 
     # ------------------------------------------------------------------------------ acquiring
     @property
@@ -431,11 +430,9 @@ class Lease:
 
     # ------------------------------------------------------------------------------ helpers
     def _read(self, key: str | None = None) -> Versioned | None:
-        self.requests += 1
         return self.store.read_versioned(key or self.key)
 
     def _write_text(self, key: str, text: str, version: str | None) -> str:
-        self.requests += 1
         return self.store.write_if(key, text, version)
 
     def _write(self, rec: LeaseRecord, version: str | None) -> None:
