@@ -226,7 +226,7 @@ def _check_hub_writes(cfg: Config) -> None:
 def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = None,
           session_hours: float | str | None = None, deadline: str | None = None, nproc: int = 1,
           allow_change: Iterable[str] = (), progress: bool = True, launch: LaunchSpec | None = None,
-          session_start: float | None = None, stream_output: bool = True) -> dict[str, Any]:
+          session_start: float | None = None, stream_output: bool = True, take_over: bool = False) -> dict[str, Any]:
     """Resume from the store and train to the next stop boundary; returns the session's summary.
 
     ``session_hours`` (9, "9h", "90m") or ``deadline`` (ISO 8601) set the time budget, counted from this
@@ -235,6 +235,10 @@ def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = N
     ranks under torchrun, as ``baton train --nproc``; with ``stream_output`` their output is copied into
     this process's stdout, which in a notebook is the cell. A stop signal (SIGTERM, the notebook's
     interrupt) checkpoints at the next step boundary and returns normally.
+
+    One session trains a run at a time (docs/concurrency.md): while another holds the run's lease this raises
+    LeaseHeld naming it; ``take_over=True`` takes the run from it (that session is fenced). A session whose lease
+    is taken over while it trains raises Fenced.
     """
     from .runtime.launch import LaunchSpec
     from .session.clock import session_clock
@@ -265,8 +269,8 @@ def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = N
     allowed = tuple(sorted(validate_allowed(list(allow_change))))
     started, stop_at = session_clock(cfg, session_start, session_hours, deadline)
     if "RANK" not in os.environ and (spec.nproc > 1 or spec.multi_node):
-        summary = _launched(cfg, spec, rank_args(cfg, resume, stop_after_steps, started, stop_at, allowed, progress),
-                            stream_output)
+        summary = _launched(cfg, spec, rank_args(cfg, resume, stop_after_steps, started, stop_at, allowed, progress,
+                                                 take_over), stream_output)
         _requeue(summary)
         return summary
     from .loop import run
@@ -275,7 +279,7 @@ def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = N
     # This rank's log file from the start, so a failure before training still lands in it.
     logs.setup(rank, cfg.run_dir / "logs")
     summary = run(cfg, resume=resume, stop_after=stop_after_steps, progress=progress, deadline=stop_at,
-                  started=started, allow_change=allowed)
+                  started=started, allow_change=allowed, take_over=take_over)
     dist.shutdown()  # a clean exit leaves no process group behind (NCCL warns, and may hang, otherwise)
     at_horizon = summary.get("steps_done") == summary.get("total_steps")  # not a periodic validation
     if at_horizon and summary.get("val_loss") is not None and rank == 0:
@@ -299,7 +303,7 @@ def _requeue(summary: dict[str, Any]) -> None:
 
 
 def rank_args(cfg: Config, resume: str, stop_after_steps: int | None, started: float, stop_at: float | None,
-              allow_change: tuple[str, ...], progress: bool) -> list[str]:
+              allow_change: tuple[str, ...], progress: bool, take_over: bool = False) -> list[str]:
     """The ``baton train`` flags of every rank: the resolved config as a file, and the launcher's clock as
     absolute instants, so every rank stops by the launcher's clock rather than its own later start."""
     from .config import config_json
@@ -318,6 +322,8 @@ def rank_args(cfg: Config, resume: str, stop_after_steps: int | None, started: f
         out += ["--allow-change", key]
     if not progress:
         out.append("--no-progress")
+    if take_over:
+        out.append("--take-over")
     return out
 
 

@@ -317,6 +317,8 @@ class StoreConfig(_Section):
                                le=86400)
     request_timeout: float = opt(120.0, "seconds an S3/Hub request may wait on a silent server, then retried (up "
                                         "to an hour)", gt=0, le=3600)
+    lease_seconds: float = opt(60.0, "the run's lease lives this long without a renewal (renewed every third of it); "
+                                     "a killed session's run is free again after it", ge=2, le=3600)
 
     def problems(self, cfg: Config) -> list[str]:
         if not self.url:

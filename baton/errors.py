@@ -31,3 +31,15 @@ class ResumeError(BatonError):
 
 class LocalDiskError(BatonError):
     """This machine's disk refused a write (full, read-only, no permission): the store is not at fault."""
+
+
+class WriteConflict(StoreError):
+    """A conditional write lost: the object was not at the version the writer named (another writer moved it)."""
+
+
+class LeaseHeld(BatonError):
+    """Another live session holds the run's lease: this one must not write anything to the run."""
+
+
+class Fenced(StoreError):
+    """This session's lease was taken over (or lapsed): it must stop at once and write nothing more."""

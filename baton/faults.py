@@ -40,6 +40,9 @@ POINTS = (
     "rollback",  # a loss spike decided a rollback; the checkpoint before it is about to be loaded
     "rollback.loaded",  # the rollback loaded that checkpoint; its record is about to be written
     "publish.card",  # a published model's files are verified; its model card is about to be written
+    # The run's lease (baton.store.lease), inside its conditional writes.
+    "lease.written",  # a conditional write of the lease landed; the writer has not yet used its answer
+    "lease.acquired",  # the lease is this session's; the pointer is about to be sealed with its epoch
 )
 
 _pauses: tuple[str, dict[str, float]] | None = None

@@ -15,7 +15,7 @@ import torch
 
 from . import faults
 from .config import Config
-from .errors import BatonError
+from .errors import BatonError, Fenced
 from .model.optimizer import set_lr
 from .model.schedule import factor_for
 from .runtime import dist
@@ -67,6 +67,8 @@ def train(s: Session) -> dict[str, Any]:
     s.progress()
     while step < p.stop_step:
         b = s.agree(step)  # signal, time budget, timed cadence, the push in flight: agreed by all ranks
+        if b.fenced:
+            raise s.fenced()  # another session holds the run now: no checkpoint, no booking, nothing more
         if b.push_failed:
             ckpt.push_outcome(wait=False)  # raises the push's error on every rank
         if b.push_done:
@@ -134,9 +136,9 @@ def track_nonfinite(s: Session, m: dict[str, Any], step: int) -> None:
 
 def run(cfg: Config, resume: str = "auto", stop_after: int | None = None, progress: bool = True,
         deadline: float | None = None, started: float | None = None,
-        allow_change: tuple[str, ...] = ()) -> dict[str, Any]:
+        allow_change: tuple[str, ...] = (), take_over: bool = False) -> dict[str, Any]:
     s = Session(cfg, resume=resume, stop_after=stop_after, progress=progress, deadline=deadline, started=started,
-                allow_change=allow_change)
+                allow_change=allow_change, take_over=take_over)
     outcome, requeued = "failed", False
     try:
         if s.complete_pointer is not None:
@@ -151,7 +153,7 @@ def run(cfg: Config, resume: str = "auto", stop_after: int | None = None, progre
         requeued = summary["requeue"]  # done by the process that started the session, once every rank is done
         return summary
     except BaseException as e:  # the ledger records why the session ended, then the error goes on
-        outcome = f"failed: {type(e).__name__}: {e}"
+        outcome = f"fenced: {e}" if isinstance(e, Fenced) else f"failed: {type(e).__name__}: {e}"
         raise
     finally:
         s.close(outcome, requeued)

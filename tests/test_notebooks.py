@@ -125,7 +125,8 @@ def test_a_wrong_token_is_one_line_in_the_cell(kernel_manager, prepared_data, tm
     (error,) = [o for o in cell.outputs if o.output_type == "error"]
     # One line, the CLI's, naming the cause and the fix: no traceback.
     (line,) = error.traceback
-    assert line.startswith("baton: error: could not read the pointer smoke/latest.json from Hub store hf://me/")
+    # The first read of the store is the run's lease, taken before anything is written (docs/concurrency.md).
+    assert line.startswith("baton: error: read of smoke/lease failed in Hub store hf://me/")
     assert line.endswith("the Hub rejected the token (HTTP 401): check HF_TOKEN or `hf auth login`")
     assert all(wrong not in text(c) for c in nb.cells)
 

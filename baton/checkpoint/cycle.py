@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 from .. import faults
-from ..errors import BatonError, VerificationError
+from ..errors import BatonError, Fenced, VerificationError, WriteConflict
 from ..hashing import sha256_file
-from ..store import Store, delete_keys, put_files
+from ..store import Store, delete_keys, delete_prefix, put_files
 from .names import ckpt_path, parse_step
 from .pointer import POINTER, Files, Pointer, make_pointer, read_pointer, write_pointer
 
@@ -47,7 +47,7 @@ class PushResult:
 class _HashesOnWrite(Protocol):
     """A store with ``hashes_on_write = True`` (Store.put_file): it hashes what it writes, so takes no sha256."""
 
-    def put_file(self, local: Path, key: str, sha256: str | None) -> str: ...
+    def put_file(self, local: Path, key: str, sha256: str | None, create: bool = False) -> str: ...
 
 
 def local_manifest(folder: Path) -> Files:
@@ -144,9 +144,10 @@ def _read_back(store: Store, key: str, local: Path, size: int, windows: list[tup
 
 
 def push_folder(store: Store, local: Path, prefix: str, mode: str,
-                what: str = "") -> tuple[Files, dict[str, float]]:
+                what: str = "", create: bool = False) -> tuple[Files, dict[str, float]]:
     """Upload every file of ``local`` under ``prefix`` and verify it; returns the files and timings. ``what``
-    names the files in messages (default: the checkpoint at ``prefix``)."""
+    names the files in messages (default: the checkpoint at ``prefix``). ``create``: no file is written over
+    another's (``Store.put_file``): a checkpoint's files are then all one writer's, or its verification fails."""
     t0 = time.perf_counter()
     if getattr(store, "hashes_on_write", False):
         # The store hashes each file as it copies it: one read per file instead of two. What it listed
@@ -155,12 +156,14 @@ def push_folder(store: Store, local: Path, prefix: str, mode: str,
         files: Files = {}
         for p in sorted(q for q in local.iterdir() if q.is_file()):
             faults.point("upload")
-            files[p.name] = {"size": p.stat().st_size, "sha256": writer.put_file(p, store_key(prefix, p.name), None)}
+            files[p.name] = {"size": p.stat().st_size,
+                             "sha256": writer.put_file(p, store_key(prefix, p.name), None, create=create)}
         t1 = t0
     else:
         files = local_manifest(local)
         t1 = time.perf_counter()
-        put_files(store, [(local / name, store_key(prefix, name), info["sha256"]) for name, info in files.items()])
+        put_files(store, [(local / name, store_key(prefix, name), info["sha256"]) for name, info in files.items()],
+                  create=create)
     t2 = time.perf_counter()
     faults.point("verify")
     verify_remote(store, prefix, files, local, mode, what=what)
@@ -174,7 +177,20 @@ def push_checkpoint(store: Store, run: str, local: Path, step: int, cursor: dict
     ``keep_local``: the verified local copy stays (for a caller about to load it)."""
     t0 = time.perf_counter()
     path = ckpt_path(step)
-    files, timings = push_folder(store, local, f"{run}/{path}", mode)
+    prefix = f"{run}/{path}"
+    try:
+        files, timings = push_folder(store, local, prefix, mode, create=True)
+    except WriteConflict as e:
+        # Files of another writer at this step: one fenced since (the lease says so: Fenced), or a session
+        # killed mid-upload. Only the lease's holder gets past ``verify_lease``; the folder is never verified
+        # while it holds another's files, so it is cleared and pushed again.
+        verify = getattr(store, "verify_lease", None)
+        if verify is not None:
+            verify()
+        log.warning("%s held files another session left (%s); removing them and pushing step %d again", prefix, e,
+                    step)
+        delete_prefix(store, prefix + "/")
+        files, timings = push_folder(store, local, prefix, mode, create=True)
     t = time.perf_counter()
     faults.point("pointer", step)
     prev = _previous_history(store, run)
@@ -224,6 +240,9 @@ def apply_retention(store: Store, run: str, keep_last: int, current: str,
     at or below the current step that are not among the kept verified ones (an upload cut short by a
     kill, a failed verification) are removed too; folders above it are left alone.
     """
+    verify = getattr(store, "verify_lease", None)
+    if verify is not None:
+        verify()  # one read of the lease: a fenced session deletes nothing (Fenced goes up; not a warning)
     try:
         keys = store.list(f"{run}/ckpt/", checksums=False)
     except Exception as e:
@@ -244,6 +263,8 @@ def apply_retention(store: Store, run: str, keep_last: int, current: str,
             faults.point("prune.delete", s)
             delete_keys(store, sorted(ks))
             removed.append(ckpt_path(s))
+        except Fenced:
+            raise  # this session may no longer write to the run: it stops, it does not warn and go on
         except Exception as e:  # noqa: BLE001 - the new checkpoint is committed; a leftover costs only space
             log.warning("could not delete old checkpoint %s/%s (%s); it stays in the store", run, ckpt_path(s), e)
     return removed

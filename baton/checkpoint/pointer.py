@@ -23,7 +23,7 @@ POINTER = "latest.json"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 # The pointer's own keys; any other key a later version adds is kept as it is (``extra``).
 _KEYS = ("run", "step", "path", "files", "cursor", "complete", "created", "baton_version", "verified", "final",
-         "val_loss", "val_ppl", "val_windows")
+         "val_loss", "val_ppl", "val_windows", "epoch")
 
 
 class FileInfo(TypedDict):
@@ -71,6 +71,7 @@ class Pointer:
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     baton_version: str = __version__
     extra: dict[str, Any] = field(default_factory=dict)
+    epoch: int | None = None  # the lease epoch of the session that wrote (or sealed) it (store.lease)
 
     @property
     def lineage(self) -> Lineage:
@@ -95,7 +96,7 @@ class Pointer:
                                "baton_version": self.baton_version, "verified": list(self.history())}
         if self.final is not None:
             out["final"] = self.final
-        for k in ("val_loss", "val_ppl", "val_windows"):
+        for k in ("val_loss", "val_ppl", "val_windows", "epoch"):
             if getattr(self, k) is not None:
                 out[k] = getattr(self, k)
         return {**self.extra, **out}
@@ -140,7 +141,8 @@ class Pointer:
                    complete=p.get("complete") is True, verified=tuple(verified), final=final,
                    val_loss=vals["val_loss"], val_ppl=vals["val_ppl"], val_windows=vals["val_windows"],
                    created=str(p.get("created", "")), baton_version=str(p.get("baton_version", "")),
-                   extra={k: v for k, v in p.items() if k not in _KEYS})
+                   extra={k: v for k, v in p.items() if k not in _KEYS},
+                   epoch=p["epoch"] if type(p.get("epoch")) is int else None)
 
 
 def make_pointer(run: str, step: int, files: Files, cursor: dict[str, Any], verified: tuple[str, ...]) -> Pointer:
@@ -201,10 +203,19 @@ def read_pointer(store: Store, run: str) -> Pointer | None:
 
 
 def write_pointer(store: Store, pointer: Pointer) -> None:
-    """Write the pointer and prove it by reading it back."""
+    """Write the pointer and prove it by reading it back. A session's store that holds the run's lease
+    (``store.lease.FencedStore``) writes it conditionally on its last version, with the lease's epoch."""
     key = pointer_key(pointer.run)
+    roll = getattr(store, "roll", None)
+    lease = getattr(store, "lease", None)
+    if lease is not None:
+        pointer = replace(pointer, epoch=lease.epoch)
     doc = pointer.to_json()
-    store.write_text(key, json.dumps(doc, indent=1, sort_keys=True))
+    text = json.dumps(doc, indent=1, sort_keys=True)
+    if roll is not None:
+        roll(key, text)
+    else:
+        store.write_text(key, text)
     faults.point("pointer.readback", pointer.step)
     back = store.read_text(key)
     if back is None or json.loads(back) != doc:

@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deadline", default=None, metavar="TIME",
                    help="time budget as an instant (ISO 8601, e.g. 2026-09-26T18:00Z); the earlier of the two wins")
     p.add_argument("--session-start", type=finite_float(), default=None, help=argparse.SUPPRESS)  # set by the launcher
+    p.add_argument("--take-over", action="store_true",
+                   help="take the run over from a session that still holds its lease (that session is fenced: it stops "
+                        "at its next write); see docs/concurrency.md")
     p.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="processes on this machine, one per GPU (launches torchrun when N > 1 or with --nnodes)")
     g = p.add_argument_group("multi-node (passed to torchrun; see docs/distributed.md)")
@@ -277,7 +280,7 @@ def cmd_train(args) -> int:
         # A terminal shows the ranks' output directly: no copy through this process.
         train(cfg, resume=args.resume, stop_after_steps=args.stop_after_steps, session_hours=args.session_hours,
               deadline=args.deadline, allow_change=args.allow_change, progress=not args.no_progress, launch=spec,
-              session_start=args.session_start, stream_output=False)
+              session_start=args.session_start, stream_output=False, take_over=args.take_over)
     except LaunchFailed as e:
         return e.status  # the ranks' errors and the launcher's report are printed already
     return 0

@@ -80,6 +80,7 @@ def run_status(args, cfg: Config) -> int:
     cad = s.get("cadence")
     if cad and (cad["auto"] or cad["ckpt_minutes"]):
         print(f"checkpoint cadence: {cad['reason']}")
+    print(f"lease: {_lease_line(s['lease'])}")
     d = s["data"]
     if d["problem"]:
         print(f"data: PROBLEM: {d['problem']}")
@@ -97,3 +98,22 @@ def run_status(args, cfg: Config) -> int:
                                       is not None else ""))
     print("curves, sessions and plots: baton report -c CONFIG [--out DIR]")
     return 0
+
+
+def _lease_line(lease) -> str:
+    """Who may write the run now (docs/concurrency.md)."""
+    if lease is None:
+        return "none: no session holds the run"
+    if lease.get("problem"):
+        return f"PROBLEM: {lease['problem']}"
+    who = f"session {lease['session']} on host {lease['host']} (pid {lease['pid']}), epoch {lease['epoch']}"
+    if lease["released"]:
+        return f"free: released by {who} at {lease['renewed']}"
+    if lease["expires_in_s"] is None:  # a store that tells no age (the Hub)
+        return (f"held by {who} since {lease['since']}, last renewed {lease['renewed']}; it expires "
+                f"{lease['ttl_s']:.0f} s after a renewal")
+    if lease["expired"]:
+        return (f"expired: {who} last renewed it {lease['age_s']:.0f} s ago (the next session takes the run without "
+                "asking)")
+    return (f"held by {who} since {lease['since']}, last renewed {lease['age_s']:.0f} s ago; expires in "
+            f"{lease['expires_in_s']:.0f} s unless renewed (`baton train --take-over` takes the run over)")

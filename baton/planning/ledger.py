@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from ..errors import BatonError, StoreError
+from ..errors import BatonError, Fenced, StoreError
 from ..store import Store
 from .plan import HOUR, Quota, iso
 
@@ -90,6 +90,8 @@ class LedgerRecord:
     requeued: bool = False  # it ended by requeueing its SLURM job for the next session (train.requeue)
     # How each "auto" setting resolved on this session's machine: setting -> "auto -> value (why)"
     settings: dict[str, str] = field(default_factory=dict)
+    epoch: int | None = None  # the run's lease epoch it held (store.lease); None: it held none
+    took_over: dict[str, Any] | None = None  # the session it took the lease from: {"session", "host", "epoch", "why"}
 
     @property
     def last_ts(self) -> float:
@@ -124,6 +126,10 @@ class LedgerRecord:
         settings = d.get("settings") or {}
         if not isinstance(settings, dict) or not all(isinstance(v, str) for v in settings.values()):
             raise ValueError("settings is not a table of resolved settings")
+        if d.get("epoch") is not None and type(d["epoch"]) is not int:
+            raise ValueError("epoch is not a whole number")
+        if d.get("took_over") is not None and not isinstance(d["took_over"], dict):
+            raise ValueError("took_over is not a table")
         booked = d.get("checkpoints") or []
         if not isinstance(booked, list) or not all(isinstance(c, dict) and type(c.get("step")) is int for c in booked):
             raise ValueError("checkpoints is not a list of checkpoint records")
@@ -147,11 +153,13 @@ class SessionLedger:
     def __init__(self, store: Store, run: str, started: float, device: str, accelerators: int,
                  bill_factor: float, tokens_per_step: int, deadline: float | None = None,
                  heartbeat_every_s: float = 0.0, data: dict[str, Any] | None = None,
-                 slurm: tuple[str, int | None, int] | None = None):
-        """``slurm``: (job id, array index, requeues so far) of the SLURM job the session runs in."""
+                 slurm: tuple[str, int | None, int] | None = None, session: str | None = None,
+                 epoch: int | None = None, took_over: dict[str, Any] | None = None):
+        """``slurm``: (job id, array index, requeues so far) of the SLURM job the session runs in. ``session``: its
+        id, when made before (the lease names it); ``epoch``, ``took_over``: the run's lease it holds."""
         self.store = store
         self.run = run
-        self.id = new_session_id(started)
+        self.id = session or new_session_id(started)
         self.key = ledger_key(run, self.id)
         self.heartbeat_every_s = heartbeat_every_s
         self.rec = LedgerRecord(
@@ -159,7 +167,7 @@ class SessionLedger:
             accelerators=accelerators, bill_factor=bill_factor, started=_iso_s(started), started_ts=started,
             heartbeat=_iso_s(started), heartbeat_ts=started, tokens_per_step=tokens_per_step,
             deadline=_iso_s(deadline) if deadline else None, deadline_ts=deadline,
-            heartbeat_every_s=heartbeat_every_s, data=data)
+            heartbeat_every_s=heartbeat_every_s, data=data, epoch=epoch, took_over=took_over)
         if slurm is not None:
             self.rec.slurm_job, self.rec.slurm_array_task, self.rec.slurm_restarts = slurm
         self._last_write = 0.0
@@ -167,8 +175,16 @@ class SessionLedger:
 
     def _write(self) -> bool:
         self.rec.billed_hours = round(billed_hours(self.rec), 6)
+        text = json.dumps(self.rec.to_json(), indent=1)
         try:
-            self.store.write_text(self.key, json.dumps(self.rec.to_json(), indent=1))
+            try:
+                self.store.write_text(self.key, text)
+            except Fenced:
+                # The one record a fenced session still writes is its own (its end, saying so), never the run's.
+                unchained = getattr(self.store, "unchained", None)
+                if unchained is None:
+                    raise
+                unchained().write_text(self.key, text)
         except (StoreError, OSError) as e:
             log.warning("could not write the ledger record %s (%s); this session's hours are not recorded "
                         "there until a later write succeeds", self.key, e)
@@ -349,6 +365,16 @@ def verified_steps(records: list[LedgerRecord]) -> set[int]:
     return {s for r in records for s in r.verified_steps()}
 
 
+def takeover_note(took_over: dict[str, Any] | None) -> str:
+    """What a record's ``took_over`` says, as the ledger and the report print it after the outcome ("" if none)."""
+    if not took_over:
+        return ""
+    why = {"expired": "its lease had expired", "gone": "its process had ended"}.get(str(took_over.get("why")),
+                                                                                  "with --take-over")
+    return (f"; took the run over from {took_over.get('session')} on {took_over.get('host')} (epoch "
+            f"{took_over.get('epoch')}, {why})")
+
+
 def format_ledger(records: list[LedgerRecord], t: Totals) -> str:
     lines = ["| session | started | last heartbeat | ended | billed h | outcome | steps | device |",
              "|---|---|---|---|---|---|---|---|"]
@@ -356,6 +382,7 @@ def format_ledger(records: list[LedgerRecord], t: Totals) -> str:
         # A preflight stage's record trains no steps of the run: no range, not "None → None".
         steps = "—" if r.steps_from is None else f"{r.steps_from} → {r.steps_to}"
         outcome = r.outcome if r.outcome != OPEN else "no end recorded (running, or died: billed to heartbeat)"
+        outcome += takeover_note(r.took_over)
         lines.append(f"| {r.session} | {r.started} | {r.heartbeat} | {r.ended or '—'} | "
                      f"{billed_hours(r):.4f} | {outcome} | {steps} | {r.device} x{r.bill_factor} |")
     lines.append("")

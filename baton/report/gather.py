@@ -39,7 +39,7 @@ def gather(cfg: Config) -> dict[str, Any]:
                          "steps_to": hi, "tokens_per_s": rec.tokens_per_s,
                          "mfu": statistics.median(mfu) if mfu else None, "billed_hours": L.billed_hours(rec),
                          "outcome": rec.outcome, "device": rec.device, "accelerators": rec.accelerators,
-                         "settings": rec.settings})
+                         "settings": rec.settings, "took_over": rec.took_over})
     val = [{"step": r["step"], "val_loss": r["val_loss"], "val_ppl": r["val_ppl"]} for r in rows if "val_loss" in r]
     final = newest_validation([], pointer)  # the horizon's, which no metrics row carries
     if final is not None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import extras
+from ..planning import ledger as L
 from .plots import plot_hours, plot_loss, plot_throughput
 
 
@@ -54,7 +55,12 @@ def write_report(doc: dict[str, Any], out: Path) -> Path:
     for s in doc["sessions"]:
         lines.append(f"| {s['n']} | {s['session']} | {s['started']} | {s['steps_from']} → {s['steps_to']} | "
                      f"{_f(s['tokens_per_s'], ',.0f')} | {_f(s['mfu'], '.1%')} | {s['billed_hours']:.4f} | "
-                     f"{s['outcome']} |")
+                     f"{s['outcome']}{L.takeover_note(s.get('took_over'))} |")
+    taken = sum(1 for s in doc["sessions"] if s.get("took_over"))
+    fenced = sum(1 for s in doc["sessions"] if str(s["outcome"]).startswith("fenced"))
+    if taken or fenced:
+        lines += ["", f"Concurrency: {taken} takeover(s) of the run's lease, {fenced} session(s) fenced (stopped "
+                      "because another session took the run over; see docs/concurrency.md)."]
     lines += ["", f"Session ends at steps: {', '.join(map(str, doc['session_ends'])) or 'none'}; resumes at steps: "
               f"{', '.join(map(str, doc['resumes'])) or 'none'}.", ""]
     resolved = [(s["n"], k, v) for s in doc["sessions"] for k, v in sorted((s.get("settings") or {}).items())]

@@ -27,7 +27,7 @@ from ..checkpoint.pointer import Lineage
 from ..checkpoint.pusher import Pusher, PushFailed
 from ..checkpoint.record import CheckpointState
 from ..data.reader import Cursor
-from ..errors import BatonError, StoreError
+from ..errors import BatonError, Fenced, StoreError
 from ..model.llama import build_model
 from ..model.optimizer import build_optimizer
 from ..runtime import dist
@@ -183,12 +183,16 @@ class Checkpointer:
         cfg = self.parts.cfg
         revision = revision_for(cfg, step, self.parts.total_steps)
         if revision:
+            if self.parts.lease is not None:
+                self.parts.lease.verify()  # publish.url is outside the run's store: a fenced session publishes nothing
             soft(f"publishing step {step} as revision {revision} of {cfg.publish.url}",
                  f"`baton publish --step {step} --revision {revision}` retries it",
                  lambda: publish(cfg, step, revision))
 
     def _push_error(self, step: int, cause: str) -> StoreError:
         p = self.parts
+        if p.lease is not None and p.lease.lost is not None:
+            return Fenced(p.lease.explain() or "")  # not a store fault: another session holds the run
         return StoreError(
             f"checkpoint at step {step} was not verified in {p.store.describe()} ({cause}); {self._held()}; the local copy "
             f"is kept in {p.run_dir / 'ckpt'}: fix the store's problem, then rerun the same `baton train` command, "

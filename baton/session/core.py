@@ -25,7 +25,7 @@ import torch
 from ..checkpoint.history import newest_validation
 from ..config import Config
 from ..data.reader import micro_batches
-from ..errors import BatonError
+from ..errors import BatonError, Fenced
 from ..model.llama import build_model
 from ..model.optimizer import build_optimizer
 from ..planning.ledger import checkpoint_seconds, read_ledger
@@ -58,12 +58,13 @@ class Boundary:
     out_of_time: bool  # rank 0's clock: one more step would not leave time for the final checkpoint
     checkpoint_due: bool  # the timed checkpoint cadence (budget.ckpt_minutes)
     heartbeat_due: bool  # the ledger's heartbeat (budget.heartbeat_minutes)
+    fenced: bool = False  # rank 0 lost the run's lease (taken over, or lapsed): every rank stops at once
 
 
 class Session:
     def __init__(self, cfg: Config, resume: str = "auto", stop_after: int | None = None, progress: bool = True,
                  deadline: float | None = None, started: float | None = None,
-                 allow_change: tuple[str, ...] = ()):
+                 allow_change: tuple[str, ...] = (), take_over: bool = False):
         # The session's clock starts when `baton train` started (``started``), not here: the platform's does.
         self.t_start = started if started is not None else time.time()
         self.deadline = deadline
@@ -76,14 +77,18 @@ class Session:
         self._signals = StopSignals((warning_signal(cfg.train.slurm_signal),))
         self._signals.install()
         try:
-            self._setup(cfg, resume, stop_after, deadline)
+            self._setup(cfg, resume, stop_after, deadline, take_over)
         except BaseException:
             self._signals.restore()  # a failed start leaves the caller's handlers (a notebook's interrupt) be
+            parts = getattr(self, "parts", None)
+            if parts is not None and parts.lease is not None:
+                parts.lease.release()  # the next session may start at once
             raise
 
-    def _setup(self, cfg: Config, resume: str, stop_after: int | None, deadline: float | None) -> None:
+    def _setup(self, cfg: Config, resume: str, stop_after: int | None, deadline: float | None,
+               take_over: bool) -> None:
         check_installed(cfg.log.backends)  # a missing tracker package fails now, not after the first hour
-        p = session_parts.build(cfg, stop_after, self.t_start, deadline, resume, self.allow_change)
+        p = session_parts.build(cfg, stop_after, self.t_start, deadline, resume, self.allow_change, take_over)
         self.parts = p
         try:
             resumed = resuming.resume(p, resume, self.allow_change)
@@ -165,7 +170,7 @@ class Session:
         (in memory: its cost reaches the clock before it decides) and booked by the loop after.
         """
         p, now = self.parts, time.time()
-        flags = [False, False, self._signals.signum is not None, False, False, False]
+        flags = [False, False, self._signals.signum is not None, False, False, False, False]
         if p.dist.is_main:
             ckpt = self.checkpointer
             flags[0] = ckpt.finished() and ckpt.pusher.failure() is not None
@@ -176,6 +181,7 @@ class Session:
                                                evaluates=self.eval_due(step + 1))
             flags[4] = self.budget.checkpoint_due(now)
             flags[5] = p.ledger is not None and self._ledger_open and p.ledger.heartbeat_due(now)
+            flags[6] = p.lease is not None and p.lease.lost is not None
         if p.world > 1:
             import torch.distributed as tdist
 
@@ -219,6 +225,13 @@ class Session:
         if self.parts.dist.is_main:
             with open(self.metrics_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")
+
+    def fenced(self) -> Fenced:
+        """The error every rank stops with once rank 0's lease is lost: rank 0's reason (others learn it there)."""
+        lease = self.parts.lease
+        why = lease.explain() if lease is not None else None
+        return Fenced(why or "rank 0 lost the run's lease to another session: this session is fenced and stopped without writing "
+                             "anything more")
 
     def stop_reason(self, b: Boundary) -> str:
         if not b.signal:
@@ -325,6 +338,9 @@ class Session:
     def close(self, outcome: str = "ended", requeued: bool = False) -> None:
         self.checkpointer.close()
         self.end_ledger(outcome, requeued)
+        if self.parts.lease is not None:
+            # Before the trackers' last write and before a SLURM requeue: the next session takes the run at once.
+            self.parts.lease.release()
         if self._bar is not None:
             self._bar.close()
         if self.trackers is not None:

@@ -14,7 +14,7 @@ import torch
 from ..checkpoint.cycle import push_folder
 from ..checkpoint.pointer import read_pointer, write_pointer
 from ..data.prepare import TOKENIZER_FILE
-from ..errors import BatonError, StoreError
+from ..errors import BatonError, Fenced, StoreError
 from ..evaluate.heldout import eval_micro_batch, window_losses
 from ..model.optimizer import split_summary
 from ..runtime import cuda, dist, slurm
@@ -96,6 +96,8 @@ def finish(s: Session) -> None:
         assert plain is not None  # rank 0 holds the full state
         try:
             _publish_final(s, plain[0])
+        except Fenced:
+            raise  # another session holds the run: it finishes it
         except (BatonError, OSError) as e:
             raise StoreError(f"the final model could not be published to {p.store.describe()}: {type(e).__name__}: "
                              f"{e}; the pointer still names the verified checkpoint at step {st.step}: fix the "
@@ -103,6 +105,8 @@ def finish(s: Session) -> None:
         if p.cfg.publish.url:
             from ..release.publish import publish_trained
 
+            if p.lease is not None:
+                p.lease.verify()  # publish.url is outside the run's store: a fenced session publishes nothing
             try:
                 publish_trained(p.cfg, plain[0], st.step, p.run_dir / "final", s.metrics_path)
             except Exception as e:  # noqa: BLE001 - the run is complete and verified: one line, whatever failed

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..checkpoint.names import STATE_FILE
-from ..checkpoint.pointer import Pointer, read_pointer
+from ..checkpoint.pointer import Pointer, pointer_key, read_pointer
 from ..checkpoint.record import CheckpointState, parse_state_text, read_state
 from ..config import Config
 from ..data.permutation import Permutation
@@ -22,13 +22,14 @@ from ..data.reader import WindowDataset
 from ..errors import BatonError, ConfigError
 from ..model.llama import build_model, count_parameters, param_count
 from ..model.optimizer import build_optimizer, check_precision, split_summary
-from ..planning.ledger import SessionLedger
+from ..planning.ledger import SessionLedger, new_session_id
 from ..runtime import attention, autotune, determinism, dist, features, logs, memory
 from ..runtime.device import pick_device, rank_device
 from ..runtime.flops import FlopsInfo, session_flops
 from ..runtime.parallel import Parallel
 from ..runtime.slurm import current_job
 from ..store import RetryPolicy, Store, open_store
+from ..store.lease import FencedStore, Lease
 from .drift import check_before_pull, tokenizer_sha256
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class Parts:
     stop_step: int  # where this session stops at the latest (--stop-after-steps, else the horizon)
     micro_batch: int  # samples per forward pass
     accum: int  # micro-batches per rank per optimizer step
+    lease: Lease | None = None  # rank 0's hold on the run (store.lease); ``store`` is then fenced by it
 
     @property
     def run(self) -> str:
@@ -77,8 +79,11 @@ class Parts:
 
 
 def build(cfg: Config, stop_after: int | None, started: float, deadline: float | None, resume: str = "auto",
-          allow_change: frozenset[str] = frozenset()) -> Parts:
-    """Everything the loop calls, checked before anything long starts (memory, divisibility, vocabulary)."""
+          allow_change: frozenset[str] = frozenset(), take_over: bool = False) -> Parts:
+    """Everything the loop calls, checked before anything long starts (memory, divisibility, vocabulary).
+
+    Rank 0 takes the run's lease before its first write to the store (its ledger record) and from then on
+    writes through a store the lease fences; a failure after that releases it again."""
     if cfg.train.deterministic:
         determinism.enable()  # before anything touches the GPU
     device = pick_device(cfg.train.device)
@@ -113,10 +118,44 @@ def build(cfg: Config, stop_after: int | None, started: float, deadline: float |
             f"the tokenizer in {cfg.data.dir} has {data.vocab_size} tokens but model.vocab_size is "
             f"{cfg.model.vocab_size} (raise model.vocab_size to at least {data.vocab_size})"
         )
-    ledger = _open_ledger(cfg, store, info, device, started, deadline, source)
+    held: list[Lease] = []  # rank 0's; every rank gets its refusal (LeaseHeld) from on_main
+    dist.on_main(lambda: held.append(_take_lease(cfg, store, started, take_over)))
+    lease = held[0] if held else None
+    try:
+        return _built(cfg, stop_after, started, deadline, info, device, store, lease, source, data, tok_sha256,
+                      total_steps, world, perf_notes, micro_batch)
+    except BaseException:
+        if lease is not None:
+            lease.release()
+        raise
+
+
+def _take_lease(cfg: Config, store: Store, started: float, take_over: bool) -> Lease:
+    """Rank 0: the run's lease (or LeaseHeld naming its live holder), its pointer sealed with the new epoch, and
+    its renewals started."""
+    lease = Lease(store, cfg.run.name, new_session_id(started), cfg.store.lease_seconds, started=started)
+    lease.acquire(take_over)
+    try:
+        fence = getattr(store, "fence", None)
+        if fence is not None:
+            fence(lease.on_moved)  # the Hub: every commit from now on names its parent (HubStore.fence)
+        lease.seal(pointer_key(cfg.run.name))
+        lease.start()
+    except BaseException:
+        lease.release()
+        raise
+    return lease
+
+
+def _built(cfg: Config, stop_after: int | None, started: float, deadline: float | None, info: dist.DistInfo,
+           device: torch.device, store: Store, lease: Lease | None, source: DataSource | None, data: WindowDataset,
+           tok_sha256: str, total_steps: int, world: int, perf_notes: dict[str, Any], micro_batch: int) -> Parts:
+    ledger = _open_ledger(cfg, store, info, device, started, deadline, source, lease)
     if ledger is not None:  # written with the record's next write (the resume)
         ledger.rec.settings = {("model." if k == "attn" else "train.") + k: v for k, v in perf_notes.items()
                                if isinstance(v, str)}
+    if lease is not None:
+        store = FencedStore(store, lease)  # a Store that asks the lease first
     model = build_model(cfg.model, device, seed=cfg.train.seed)
     n_params = count_parameters(model)
     if n_params != param_count(cfg.model):
@@ -138,7 +177,7 @@ def build(cfg: Config, stop_after: int | None, started: float, deadline: float |
         flops=session_flops(cfg.model, cfg.data.seq_len, device, cfg.train.precision, world),
         n_params=n_params, perf_notes=perf_notes, total_steps=total_steps,
         stop_step=min(stop_after, total_steps) if stop_after is not None else total_steps,
-        micro_batch=micro_batch, accum=cfg.train.global_batch // (micro_batch * world),
+        micro_batch=micro_batch, accum=cfg.train.global_batch // (micro_batch * world), lease=lease,
     )
 
 
@@ -192,7 +231,9 @@ def _stored_state(store: Store, pointer: Pointer) -> CheckpointState | None:
 
 
 def _open_ledger(cfg: Config, store: Store, info: dist.DistInfo, device: torch.device, started: float,
-                 deadline: float | None, source: DataSource | None) -> SessionLedger | None:
+                 deadline: float | None, source: DataSource | None, lease: Lease | None) -> SessionLedger | None:
+    """The session's own record, written through the store itself (not the fenced one): a fenced session still
+    records its end, saying it was fenced; nothing else of the run is its to write any more."""
     if not info.is_main:
         return None
     b = cfg.budget
@@ -201,4 +242,6 @@ def _open_ledger(cfg: Config, store: Store, info: dist.DistInfo, device: torch.d
                          bill_factor=b.bill_factor or float(info.world), tokens_per_step=cfg.tokens_per_step,
                          deadline=deadline, heartbeat_every_s=b.heartbeat_minutes * 60,
                          data=source.to_dict() if source else None,
-                         slurm=(job.job_id, job.array_task_id, job.restart_count) if job else None)
+                         slurm=(job.job_id, job.array_task_id, job.restart_count) if job else None,
+                         session=lease.session if lease else None, epoch=lease.epoch if lease else None,
+                         took_over=lease.took_over if lease else None)

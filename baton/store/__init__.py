@@ -5,11 +5,11 @@ from __future__ import annotations
 from .. import extras
 from ..errors import ConfigError
 from ..guard import local_store_root
-from .base import ObjectInfo, RangeRead, Store, delete_keys, delete_prefix, put_files, safe_key
+from .base import ObjectInfo, RangeRead, Store, Versioned, delete_keys, delete_prefix, put_files, safe_key
 from .retry import RetryPolicy
 
 __all__ = ["ObjectInfo", "RangeRead", "RetryPolicy", "Store", "check_write_access", "delete_keys", "delete_prefix",
-           "open_store", "put_files", "safe_key"]
+           "open_store", "put_files", "safe_key", "Versioned"]
 
 
 def check_write_access(store: Store) -> None:

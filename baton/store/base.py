@@ -36,16 +36,33 @@ class RangeRead:
     content_range: str | None
 
 
+@dataclass(frozen=True)
+class Versioned:
+    """A small text object with the token a conditional write names (``Store.write_if``).
+
+    ``version`` is opaque: a content hash (local), an ETag (S3), a commit (the Hub). ``age`` is the seconds
+    since the object was last written as the store's own clock tells it (the file server's stamps, S3's
+    Last-Modified against its Date), or None when the store cannot tell it cheaply (the Hub): expiry is then
+    judged by watching for a renewal, never by comparing two machines' clocks."""
+
+    text: str
+    version: str
+    age: float | None = None
+
+
 @runtime_checkable
 class Store(Protocol):
     def describe(self) -> str:
         """Where this store is, safe to print (no credentials)."""
 
-    def put_file(self, local: Path, key: str, sha256: str) -> str:
+    def put_file(self, local: Path, key: str, sha256: str, create: bool = False) -> str:
         """Upload ``local`` to ``key``; ``sha256`` is stored with it where the backend keeps metadata.
 
         Returns the sha256 of the bytes sent. A backend with ``hashes_on_write = True`` computes it while it
-        writes and accepts ``sha256=None``, so the cycle need not read the file a second time."""
+        writes and accepts ``sha256=None``, so the cycle need not read the file a second time. ``create``: only
+        if ``key`` does not exist yet (a checkpoint's files: one writer never overwrites another's); other bytes
+        there raise WriteConflict, the same bytes (a retried upload that had landed) count as written. The Hub
+        fences every commit instead (``HubStore.fence``)."""
 
     def list(self, prefix: str, checksums: bool = True) -> dict[str, ObjectInfo]:
         """Objects under ``prefix`` with their size and sha256 as the store reports them.
@@ -69,6 +86,14 @@ class Store(Protocol):
     def write_text(self, key: str, text: str) -> None:
         """Write a small text object in one piece."""
 
+    def read_versioned(self, key: str) -> Versioned | None:
+        """A small text object with its version (and age), or None when it does not exist."""
+
+    def write_if(self, key: str, text: str, version: str | None) -> str:
+        """Write ``text`` only if ``key`` is still at ``version`` (None: only if it does not exist); returns the
+        new version. Raises WriteConflict when another write got there first. A write whose answer was lost
+        and that is retried finds its own bytes there: that counts as done, not as a conflict."""
+
 
 def safe_key(key: str) -> str:
     """Refuse keys that could escape the store root (absolute, '..', empty parts)."""
@@ -80,15 +105,16 @@ def safe_key(key: str) -> str:
     return key
 
 
-def put_files(store: Store, items: list[tuple[Path, str, str]]) -> None:
-    """Upload (local, key, sha256) items; one commit where the backend has commits (the Hub)."""
+def put_files(store: Store, items: list[tuple[Path, str, str]], create: bool = False) -> None:
+    """Upload (local, key, sha256) items; one commit where the backend has commits (the Hub). ``create``: as
+    in ``Store.put_file``."""
     batch = getattr(store, "put_files", None)
     if batch is not None:
         batch(items)
         return
     for local, key, sha in items:
         faults.point("upload")
-        store.put_file(local, key, sha)
+        store.put_file(local, key, sha, create=create)
 
 
 def delete_keys(store: Store, keys: list[str]) -> None:

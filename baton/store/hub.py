@@ -16,8 +16,11 @@ classic LFS path instead. ``huggingface_hub`` retries some calls itself (5xx, 42
 from __future__ import annotations
 
 import builtins
+import copy
 import hashlib
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from urllib.parse import parse_qs, quote
 
@@ -26,10 +29,10 @@ from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 from huggingface_hub.utils import build_hf_headers, disable_progress_bars, get_session, hf_raise_for_status
 
-from ..errors import ConfigError, StoreError
+from ..errors import ConfigError, StoreError, WriteConflict
 from ..guard import split_url
 from . import hubhttp
-from .base import ObjectInfo, RangeRead, decode_text, safe_key, write_download
+from .base import ObjectInfo, RangeRead, Versioned, decode_text, safe_key, write_download
 from .retry import RetryPolicy, Transient, call
 
 
@@ -71,6 +74,12 @@ class HubStore:
         self.api = HfApi(endpoint=endpoint, token=token)
         self.endpoint = self.api.endpoint.rstrip("/")
         self._token = token or hf.get_token()
+        # Fencing (``fence``): every commit names its parent, so this client's commits form one unbroken line on
+        # the branch; ``_line`` holds the commits from which every later one up to ``_last`` is this client's.
+        self._on_moved: Callable[[], str] | None = None
+        self._last: str | None = None
+        self._line: set[str] = set()
+        self._line_lock = threading.Lock()
         if hf.constants.HF_HUB_DISABLE_PROGRESS_BARS is None:
             # Pushes run beside the training's progress bar; the library's own bars would interleave with it.
             disable_progress_bars()
@@ -130,6 +139,8 @@ class HubStore:
                 return StoreError(f"revision {self.revision!r} does not exist in {self.repo_id}")
             if isinstance(seen, HfHubHTTPError) and seen.response is not None:
                 status = seen.response.status_code
+                if status in (409, 412):  # a commit whose parent is no longer the branch's head
+                    return WriteConflict(f"the branch moved since the commit it names (HTTP {status})")
                 if status in (408, 429) or status >= 500:
                     return Transient(f"HTTP {status}")
                 if status == 401:
@@ -164,10 +175,47 @@ class HubStore:
                                                                            **(headers or {})}, timeout=self.timeout)
         return get_session().send(req, follow_redirects=True, stream=stream)
 
+    def fence(self, on_moved: Callable[[], str]) -> None:
+        """Fence every later commit of this client: each names as its parent the commit this client made last, so
+        the Hub refuses it (412) once anyone else has committed. ``on_moved`` then decides: it raises (Fenced)
+        when this client may no longer write (the run's lease is another session's), or returns the commit at
+        which it found that it still may, which the commit is retried on. A checkpoint's files, the pointer, a
+        deletion: no commit lands after another session took the run over."""
+        self._on_moved = on_moved
+
+    def unchained(self) -> HubStore:
+        """This store without the fence: for the one record a fenced session still writes (its ledger's end)."""
+        other = copy.copy(self)
+        other._on_moved, other._last, other._line, other._line_lock = None, None, set(), threading.Lock()
+        return other
+
+    def _create(self, ops: builtins.list, message: str, parent: str | None) -> str:
+        info = self.api.create_commit(self.repo_id, ops, commit_message=message, repo_type=self.repo_type,
+                                      revision=self.revision, parent_commit=parent)
+        return str(info.oid)
+
+    def _advance(self, parent: str | None, oid: str) -> None:
+        with self._line_lock:
+            if parent is not None and parent == self._last:
+                self._line.add(oid)
+            else:
+                self._line = {oid} if parent is None else {parent, oid}
+            self._last = oid
+
     def _commit(self, ops_factory, message: str, what: str) -> None:
         # Operations are rebuilt for each attempt: the client refuses to reuse a committed one.
-        self._call(lambda: self.api.create_commit(self.repo_id, ops_factory(), commit_message=message,
-                                                  repo_type=self.repo_type, revision=self.revision), what)
+        on_moved = self._on_moved
+        parent = None
+        if on_moved is not None:
+            parent = self._last or on_moved()
+        try:
+            oid = self._call(lambda: self._create(ops_factory(), message, parent), what)
+        except WriteConflict:
+            if on_moved is None:
+                raise
+            parent = on_moved()  # raises unless this client may still write; a second conflict is an error
+            oid = self._call(lambda: self._create(ops_factory(), message, parent), what)
+        self._advance(parent, oid)
 
     def check_write_access(self) -> None:
         """Refuse, before any upload, a token the Hub says may not write to this repository.
@@ -192,7 +240,7 @@ class HubStore:
                              "to it (HF_TOKEN or `hf auth login`)")
 
     # ------------------------------------------------------------------------------- protocol
-    def put_file(self, local: Path, key: str, sha256: str) -> str:
+    def put_file(self, local: Path, key: str, sha256: str, create: bool = False) -> str:
         self.put_files([(local, key, sha256)])
         return sha256
 
@@ -295,3 +343,70 @@ class HubStore:
         data = text.encode("utf-8")
         self._commit(lambda: [CommitOperationAdd(path_in_repo=safe_key(key), path_or_fileobj=data)],
                      f"baton: write {key}", f"write of {key}")
+
+    # ------------------------------------------------------------------------ conditional writes
+    def _head(self) -> str:
+        info = self._call(lambda: self.api.repo_info(self.repo_id, revision=self.revision, repo_type=self.repo_type),
+                          f"head of {self.revision}")
+        return str(info.sha)
+
+    def read_versioned(self, key: str) -> Versioned | None:
+        """The file as the branch holds it now; its version is the commit it was served from (X-Repo-Commit), the
+        parent a conditional write names. The Hub tells no age cheaply: None (expiry is then watched for)."""
+        def read() -> Versioned | None:
+            r = self._get(key)
+            if r.status_code == 404 and r.headers.get("X-Error-Code") != "RepoNotFound":
+                return None
+            hf_raise_for_status(r)
+            commit = r.headers.get("X-Repo-Commit")
+            if not commit:
+                raise StoreError(f"the Hub named no commit (X-Repo-Commit) for {key}")
+            text = decode_text(r.content, key, self.describe())
+            assert text is not None
+            return Versioned(text, commit, None)
+
+        return self._call(read, f"read of {key}")
+
+    def write_if(self, key: str, text: str, version: str | None) -> str:
+        """A commit whose parent is ``version`` (the commit ``read_versioned`` saw): the Hub refuses it (412) once the
+        branch has moved. Any commit moves it, so a conflict says only that something changed since: the caller
+        reads again and retries when what it cares about is still as it left it. A create reads the branch's head
+        and commits on it only if the file is absent there."""
+        data = text.encode("utf-8")
+        parent = version
+        with self._line_lock:
+            if version is not None and version in self._line:
+                parent = self._last  # every commit since ``version`` is this client's own: none moved ``key``
+        if parent is None:
+            parent = self._head()
+            if self._get_at(key, parent) is not None:
+                raise WriteConflict(f"{key} in {self.describe()} exists already")
+
+        def commit() -> str:
+            return self._create([CommitOperationAdd(path_in_repo=safe_key(key), path_or_fileobj=data)],
+                                f"baton: write {key}", parent)
+
+        self._bound_timeout()
+        try:
+            oid = call(commit, f"conditional write of {key}", self.describe(), self._classify, self.retry)
+            self._advance(parent, oid)
+            return oid
+        except WriteConflict:
+            now = self.read_versioned(key)
+            if now is not None and now.text == text:
+                return now.version  # our own commit, retried after its answer was lost
+            raise WriteConflict(f"{key} in {self.describe()}: the branch moved since commit {parent[:12]}") from None
+
+    def _get_at(self, key: str, commit: str) -> bytes | None:
+        def read() -> bytes | None:
+            prefix = {"model": "", "dataset": "datasets/"}[self.repo_type]
+            url = f"{self.endpoint}/{prefix}{self.repo_id}/resolve/{commit}/{quote(safe_key(key))}"
+            req = get_session().build_request("GET", url, headers=build_hf_headers(token=self._token),
+                                              timeout=self.timeout)
+            r = get_session().send(req, follow_redirects=True)
+            if r.status_code == 404 and r.headers.get("X-Error-Code") != "RepoNotFound":
+                return None
+            hf_raise_for_status(r)
+            return r.content
+
+        return self._call(read, f"read of {key} at {commit[:12]}")

@@ -13,8 +13,10 @@ at once.
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -22,9 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
-from ..errors import StoreError
+from ..errors import StoreError, WriteConflict
 from ..hashing import sha256_file
-from .base import ObjectInfo, RangeRead, decode_text, safe_key, write_download
+from .base import ObjectInfo, RangeRead, Versioned, decode_text, safe_key, write_download
 from .retry import RetryPolicy, Transient, call
 
 # errno values a mount that is flapping or gone produces; everything else is a property of the folder.
@@ -34,6 +36,11 @@ TRANSIENT_ERRNOS = {errno.EIO, errno.ESTALE, errno.ETIMEDOUT, errno.EAGAIN, errn
 # asynchronous push must leave the training process its own.
 HASH_THREADS = max(1, min(4, (os.cpu_count() or 2) // 2))
 CHUNK = 8 << 20
+LOCK_SUFFIX = ".lock"  # the sibling a conditional write locks (fcntl: released by the kernel if its process dies)
+CLOCK_FILE = ".baton-clock"
+# fcntl locks belong to the process (and closing any descriptor of the file drops them): the threads of one
+# process, whatever store object they hold, take turns here first.
+_CAS = threading.Lock()  # touched to read the store's clock (on a network mount: the file server's)
 
 
 class LocalStore:
@@ -74,9 +81,11 @@ class LocalStore:
             return StoreError(f"{e.strerror or e}{hint}")
         return e
 
-    def put_file(self, local: Path, key: str, sha256: str | None = None) -> str:
+    def put_file(self, local: Path, key: str, sha256: str | None = None, create: bool = False) -> str:
         """Copy ``local`` to ``key``, hashing the bytes as they are written; returns their sha256 (which
-        may differ from ``sha256`` if the source changed since it was hashed: verification then fails)."""
+        may differ from ``sha256`` if the source changed since it was hashed: verification then fails).
+        ``create``: a hard link of the finished copy makes it appear only where no file is (atomic on local
+        and network file systems alike), so of two writers of one key only one lands its bytes."""
         dst = self._path(key)
 
         def put() -> str:
@@ -92,7 +101,8 @@ class LocalStore:
                         h.update(chunk)
                         out.write(chunk)
 
-            _write_atomically(dst, copy)
+            judge = (lambda: _same_bytes(dst, h.hexdigest(), key, self.describe())) if create else None
+            _write_atomically(dst, copy, create=judge)
             self._root_seen = True
             digest = h.hexdigest()
             self._remember(key, dst, began, digest)
@@ -134,7 +144,7 @@ class LocalStore:
                 return []
             found = []
             for p in sorted(start.rglob("*")):
-                if not p.is_file() or p.name.endswith(".partial"):
+                if not p.is_file() or p.name.endswith((".partial", LOCK_SUFFIX)):
                     continue
                 key = p.relative_to(self.root).as_posix()
                 if key.startswith(prefix):
@@ -225,21 +235,98 @@ class LocalStore:
 
         self._call(write, f"write of {key}")
 
+    # ------------------------------------------------------------------------ conditional writes
+    @staticmethod
+    def _clock(path: Path) -> float:
+        """The store's clock now: the stamp its file system puts on a file touched now (the file server's own
+        clock on a network mount), so an age compares two stamps of one clock. The file touched is ``path``'s
+        lock sibling, next to it, which listings skip."""
+        p = path.with_name(path.name + LOCK_SUFFIX)
+        with open(p, "a"):
+            pass
+        os.utime(p)
+        return p.stat().st_mtime
 
-def _write_atomically(dst: Path, fill: Callable[[BinaryIO], object]) -> None:
-    """Write through a '.partial' sibling, fsync, rename: a reader sees the old file or the new one, never half
-    of one, and a write cut short leaves no partial file behind."""
-    tmp = dst.with_name(dst.name + ".partial")
+    def read_versioned(self, key: str) -> Versioned | None:
+        p = self._path(key)
+
+        def read() -> Versioned | None:
+            self._check_root()
+            try:
+                data = p.read_bytes()
+                stamp = p.stat().st_mtime
+            except FileNotFoundError:
+                return None
+            text = decode_text(data, key, self.describe())
+            assert text is not None
+            return Versioned(text, _digest(data), max(0.0, self._clock(p) - stamp))
+
+        return self._call(read, f"read of {key}")
+
+    def write_if(self, key: str, text: str, version: str | None) -> str:
+        """Compare and rename under an fcntl lock on a sibling file: the lock serializes writers of this key on
+        one machine and, through the file system's lock manager (NFSv4, lockd), on several; a process that dies
+        holding it loses it at once. The version is the sha256 of the content, so it names bytes, not a time."""
+        p = self._path(key)
+        data = text.encode("utf-8")
+
+        def write() -> str:
+            self._check_root()
+            p.parent.mkdir(parents=True, exist_ok=True)
+            with _CAS, open(p.with_name(p.name + LOCK_SUFFIX), "a+b") as lock:
+                fcntl.lockf(lock, fcntl.LOCK_EX)
+                try:
+                    try:
+                        current: str | None = _digest(p.read_bytes())
+                    except FileNotFoundError:
+                        current = None
+                    if current != version:
+                        if current == _digest(data):
+                            return current  # our own write, retried after its answer was lost
+                        raise WriteConflict(f"{key} in {self.describe()} was changed by another writer")
+                    _write_atomically(p, lambda f: f.write(data))
+                    self._root_seen = True
+                    return _digest(data)
+                finally:
+                    fcntl.lockf(lock, fcntl.LOCK_UN)
+
+        return self._call(write, f"conditional write of {key}")
+
+
+def _write_atomically(dst: Path, fill: Callable[[BinaryIO], object],
+                      create: Callable[[], None] | None = None) -> None:
+    """Write through a '.partial' sibling of this writer's own, fsync, rename: a reader sees the old file or the
+    new one, never half of one, and a write cut short leaves no partial file behind. With ``create`` the finished
+    file is hard-linked into place instead, which fails where a file exists; ``create`` is then called to judge
+    the file that is there (it raises unless it holds the same bytes)."""
+    tmp = dst.with_name(f"{dst.name}.{os.getpid()}-{secrets.token_hex(3)}.partial")
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as out:
             fill(out)
             out.flush()
             os.fsync(out.fileno())
-        os.replace(tmp, dst)
-    except BaseException:
+        if create is None:
+            os.replace(tmp, dst)
+        else:
+            try:
+                os.link(tmp, dst)
+            except FileExistsError:
+                create()
+    finally:
         try:
             tmp.unlink(missing_ok=True)
         except OSError:
             pass
-        raise
+
+
+def _same_bytes(path: Path, sha256: str, key: str, where: str) -> None:
+    """A create-only write found ``path`` there: its own bytes (an upload retried after its answer was lost, or a
+    copy from an earlier attempt) are fine; anything else is another writer's, which is never overwritten."""
+    if sha256_file(path) != sha256:
+        raise WriteConflict(f"{key} in {where} already holds other bytes (written by another session, or left by "
+                            "an interrupted one); it is not overwritten")
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import base64
 import builtins
+import hashlib
 import os
 import re
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from urllib.parse import parse_qs
 
@@ -27,9 +29,9 @@ import botocore.exceptions as bx
 import botocore.session
 from botocore.config import Config
 
-from ..errors import ConfigError, StoreError
+from ..errors import ConfigError, StoreError, WriteConflict
 from ..guard import split_url
-from .base import ObjectInfo, RangeRead, decode_text, safe_key, write_download
+from .base import ObjectInfo, RangeRead, Versioned, decode_text, safe_key, write_download
 from .retry import RetryPolicy, Transient, call
 
 MULTIPART_THRESHOLD = 1 << 30  # single PUTs stop at 5 GiB; parts also make a retry cheaper
@@ -38,6 +40,9 @@ META_KEY = "sha256"
 TRANSIENT_CODES = {"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "Throttling",
                    "ThrottlingException", "RequestTimeTooSkewed", "BadDigest", "XAmzContentSHA256Mismatch",
                    "IncompleteBody", "OperationAborted"}
+# A conditional write that lost: 412 when the object is not at the named version (or exists, for a create), 409
+# when another conditional write to the key was in progress at the same moment.
+CONFLICT_CODES = {"PreconditionFailed", "ConditionalRequestConflict"}
 AUTH_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken", "TokenRefreshRequired",
               "AuthorizationHeaderMalformed", "InvalidSecurity"}
 
@@ -141,6 +146,8 @@ class S3Store:
             err = e.response.get("Error", {})
             code = str(err.get("Code", ""))
             status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+            if code in CONFLICT_CODES or status == 412:
+                return WriteConflict(f"another writer got there first (HTTP {status} {code})")
             if code in TRANSIENT_CODES or status == 429 or status >= 500:
                 return Transient(f"HTTP {status} {code}".strip())
             if code == "NoSuchBucket":
@@ -171,21 +178,29 @@ class S3Store:
         return args
 
     # ------------------------------------------------------------------------------- protocol
-    def put_file(self, local: Path, key: str, sha256: str) -> str:
+    def put_file(self, local: Path, key: str, sha256: str, create: bool = False) -> str:
         size = local.stat().st_size
-        if size > self.multipart_threshold:
-            self._put_multipart(local, key, sha256, size)
-            return sha256
+        cond = {"IfNoneMatch": "*"} if create else {}
+        try:
+            if size > self.multipart_threshold:
+                self._put_multipart(local, key, sha256, size, cond)
+                return sha256
 
-        def put() -> None:
-            with open(local, "rb") as f:
-                self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=f, ContentLength=size,
-                                       **self._put_args(sha256))
+            def put() -> None:
+                with open(local, "rb") as f:
+                    self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=f, ContentLength=size,
+                                           **self._put_args(sha256), **cond)
 
-        self._call(put, f"upload of {key}")
+            self._call(put, f"upload of {key}")
+        except WriteConflict:
+            # The key exists: our own upload whose answer was lost (then retried), or another writer's bytes.
+            head = self._call(lambda: self.client.head_object(Bucket=self.bucket, Key=self._key(key)), f"head of {key}")
+            if (head.get("Metadata") or {}).get(META_KEY) != sha256 or int(head.get("ContentLength", -1)) != size:
+                raise WriteConflict(f"{key} in {self.describe()} already holds other bytes (written by another "
+                                    "session, or left by an interrupted one); it is not overwritten") from None
         return sha256
 
-    def _put_multipart(self, local: Path, key: str, sha256: str, size: int) -> None:
+    def _put_multipart(self, local: Path, key: str, sha256: str, size: int, cond: dict | None = None) -> None:
         import hashlib
 
         k = self._key(key)
@@ -208,7 +223,7 @@ class S3Store:
                                    f"upload of {key} part {n}")
                     parts.append({"PartNumber": n, "ETag": r["ETag"], **args})
             self._call(lambda: self.client.complete_multipart_upload(
-                Bucket=self.bucket, Key=k, UploadId=uid, MultipartUpload={"Parts": parts}),
+                Bucket=self.bucket, Key=k, UploadId=uid, MultipartUpload={"Parts": parts}, **(cond or {})),
                 f"multipart completion of {key}")
         except BaseException:
             try:  # an abandoned upload costs storage until a lifecycle rule removes it
@@ -319,3 +334,46 @@ class S3Store:
         args = self._put_args(hashlib.sha256(data).hexdigest())
         self._call(lambda: self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **args),
                    f"write of {key}")
+
+    # ------------------------------------------------------------------------ conditional writes
+    def read_versioned(self, key: str) -> Versioned | None:
+        """The object, its ETag as the version, and its age by S3's clock: the answer's Date less the object's
+        Last-Modified (both stamped by the service, to the second)."""
+        def read() -> Versioned | None:
+            try:
+                r = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            except bx.ClientError as e:
+                if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                    return None
+                raise
+            text = decode_text(r["Body"].read(), key, self.describe())
+            assert text is not None
+            date = (r.get("ResponseMetadata", {}).get("HTTPHeaders") or {}).get("date")
+            modified = r.get("LastModified")
+            age = None
+            if date and "GMT," in date:  # a proxy on the way added its Date beside the service's: one clock's is enough
+                date = date.split("GMT,", 1)[0] + "GMT"
+            if date and modified is not None:
+                try:
+                    age = max(0.0, (parsedate_to_datetime(date) - modified).total_seconds())
+                except (TypeError, ValueError):
+                    age = None
+            return Versioned(text, str(r["ETag"]), age)
+
+        return self._call(read, f"read of {key}")
+
+    def write_if(self, key: str, text: str, version: str | None) -> str:
+        """PutObject with If-None-Match: * (create) or If-Match: <ETag> (replace): S3 refuses the loser with 412
+        (or 409 while another conditional write of the key is in flight)."""
+        data = text.encode("utf-8")
+        args = self._put_args(hashlib.sha256(data).hexdigest())
+        cond = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+        try:
+            r = self._call(lambda: self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
+                                                          **args, **cond), f"conditional write of {key}")
+            return str(r["ETag"])
+        except WriteConflict:
+            now = self.read_versioned(key)
+            if now is not None and now.text == text:
+                return now.version  # our own write, retried after its answer was lost
+            raise WriteConflict(f"{key} in {self.describe()} was changed by another writer") from None

@@ -73,11 +73,30 @@ def status(cfg: Config, forecast_curve: bool = False) -> dict[str, Any]:
             out["sessions_left"] = len(p.sessions)
             out["billed_hours_left"] = round(p.billed_hours, 4)
             out["plan_warnings"] = p.warnings
+    out["lease"] = lease_status(store, run)
     out["data"] = data_status(cfg, records)
     t = L.totals(records, L.quota_from(cfg.budget), cfg.budget.cap_hours)
     out["ledger"] = t.to_dict()
     out["ledger_problems"] = problems
     return out
+
+
+def lease_status(store, run: str) -> dict[str, Any] | None:
+    """Who holds the run's lease (store.lease) and until when, by the store's clock where it tells one; None
+    when no session ever held it."""
+    from ..store.lease import read_lease
+
+    try:
+        found = read_lease(store, run)
+    except BatonError as e:
+        return {"problem": str(e)}
+    if found is None:
+        return None
+    rec, age = found
+    left = None if age is None or rec.released else round(max(0.0, rec.ttl_s - age), 1)
+    return {"session": rec.session, "host": rec.host, "pid": rec.pid, "since": rec.started, "epoch": rec.epoch,
+            "renewed": rec.renewed, "age_s": None if age is None else round(age, 1), "ttl_s": rec.ttl_s,
+            "released": rec.released, "expires_in_s": left, "expired": left == 0.0, "took_over": rec.took_over}
 
 
 def data_status(cfg: Config, records: list[L.LedgerRecord]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import sys
 import time
 
 from baton.faults import PAUSE_ENV, TRACE_ENV
+from support.kills import kill_tree
 from support.distrun import (ACCUM2, GLOBAL_BATCH, ROOT, Run, assert_close_trace, assert_complete_and_verified,
                      assert_exact_trace, baton_train, expected_batch_shas, rank_env)
 from support.helpers import assert_tensors_equal, store_checkpoint_tensors
@@ -101,7 +102,7 @@ def test_two_ranks_killed_before_the_pointer_finish_that_push_and_end_equal(runs
             assert proc.poll() is None and time.monotonic() < deadline, "the session ended before its pointer"
             time.sleep(0.05)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher's session holds torchrun and both ranks
+        kill_tree(proc.pid)  # the launcher, torchrun's agent and both ranks (each in a session of its own)
         proc.wait(30)
     assert not (store / "test" / "latest.json").exists()
 

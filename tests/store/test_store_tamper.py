@@ -165,10 +165,10 @@ def go_down_mid_upload(backend):
         store = backend.store
         original = store.put_file
 
-        def put_file(local, key, sha):
+        def put_file(local, key, sha, create=False):
             if "optimizer" in key:
                 backend.go_down()
-            return original(local, key, sha)
+            return original(local, key, sha, create=create)
 
         store.put_file = put_file
     elif backend.kind == "s3":

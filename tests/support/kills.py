@@ -26,3 +26,38 @@ def kill_when(cmd: list[str], done: Callable[[], bool], cwd: Path, env: dict | N
         p.wait()
     assert p.returncode == -signal.SIGKILL
     return p.pid
+
+
+def kill_tree(pid: int) -> list[int]:
+    """SIGKILL ``pid`` and every process descended from it, as a machine that vanishes takes them all: the
+    launcher's agent and ranks each start a session of their own, so the launcher's process group alone misses
+    them. Stopped first, so none forks or reaps while the tree is read. Returns the pids killed."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+    for p in tree:
+        try:
+            p.send_signal(signal.SIGSTOP)
+        except psutil.NoSuchProcess:
+            pass
+    tree += [c for p in list(tree) for c in _children(p) if c not in tree]
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(tree, timeout=30)
+    return [p.pid for p in tree]
+
+
+def _children(p) -> list:
+    import psutil
+
+    try:
+        return p.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []

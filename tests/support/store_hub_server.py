@@ -317,7 +317,12 @@ class HubServer(LocalHTTPServer):
         if files is None:
             return
         ops = [json.loads(line) for line in body.splitlines() if line.strip()]
+        parent = ops[0].get("value", {}).get("parentCommit") if ops and ops[0].get("key") == "header" else None
         with self.lock:
+            if parent is not None and parent != self._head(repo, rev):
+                # The Hub's answer to a commit whose parent is no longer the branch's head.
+                msg = "A commit has happened since. Please refresh and try again."
+                return self._send(h, 412, {"error": msg}, {"X-Error-Message": msg})
             staged = dict(files)
             for op in ops[1:]:
                 v = op["value"]

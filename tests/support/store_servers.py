@@ -136,7 +136,7 @@ HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te"
 class Fault:
     """What the proxy does to requests that ``match`` (method, path); ``times`` None means every time."""
 
-    kind: str  # ignore_range | shift_range | lie_range | drop | status | slow | stall
+    kind: str  # ignore_range | shift_range | lie_range | drop | status | slow | stall | lose_answer
     match: Callable[[str, str], bool] = lambda method, path: True
     times: int | None = None
     status: int = 503
@@ -250,6 +250,14 @@ class FaultyProxy(LocalHTTPServer):
                 out_headers = [(k, v) for k, v in out_headers if k.lower() != "content-range"]
                 out_headers.append(("Content-Range", f"bytes {m.group(1)}-{m.group(2)}/{total}"))
         seen.status = status
+        if fault is not None and fault.kind == "lose_answer":
+            # The server did the work (a write landed), then the answer never reached the client: it retries.
+            h.close_connection = True
+            try:
+                h.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            return
         self._reply(h, status, out_headers, data, head=method == "HEAD")
 
     def _read_body(self, h: BaseHTTPRequestHandler, fault: Fault | None) -> bytes | None:
