@@ -80,8 +80,10 @@ def path_problem(value: object) -> str | None:
     longest = max((len(part.encode()) for part in p.parts), default=0)
     if longest > (most := _limit(p, "PC_NAME_MAX", 255)):
         return f"has a name of {longest} bytes; the file system takes at most {most}"
-    if len(raw) >= (most := _limit(p, "PC_PATH_MAX", 4096)):
-        return f"is {len(raw)} bytes long; the file system takes paths under {most}"
+    # The length the system calls see: a relative path is joined to the working folder first.
+    full = max(len(raw), len(os.path.abspath(p).encode("utf-8", "surrogateescape")))
+    if full >= (most := _limit(p, "PC_PATH_MAX", 4096)):
+        return f"is {full} bytes long as a full path; the file system takes paths under {most}"
     return None
 
 

@@ -298,7 +298,7 @@ def test_dangling_symlinks_and_overlong_names_are_one_line(world, capsys):
         (["train", "-c", cfg, "--no-progress", "--set", f"run.local_dir={link}"],
          f"the run folder {link / 'test'} (run.local_dir) cannot be made: {link} is a dangling symlink"),
         (["export", "-c", cfg, "--out", "n" * 300], "has a name of 300 bytes; the file system takes at most 255"),
-        (["plan", "--rate-from", "/x" * 2500, "--steps", "10", "--tokens-per-step", "9", "--session-hours", "1"], "is 5000 bytes long; the file system takes paths under"),
+        (["plan", "--rate-from", "/x" * 2500, "--steps", "10", "--tokens-per-step", "9", "--session-hours", "1"], "is 5000 bytes long as a full path; the file system takes paths under"),
         (["config", "-c", "a\x1b[31m.toml"], "config file a\\x1b[31m.toml holds a control character"),
     ]
     for argv, expect in cases:
