@@ -70,7 +70,18 @@ def check_a_job_shorter_than_the_run_requeues_itself_until_the_run_is_complete(j
     for a, b in zip(records, records[1:]):
         assert b.steps_from == a.steps_to > a.steps_from  # each session trained, the next resumed where it ended
         assert a.deadline_ts is not None  # the job's end time was its budget
+    assert_each_session_released_the_run(records, jobs.base("short") / "store")
     assert_same_final_state(jobs.base("short") / "store", reference)
+
+
+def assert_each_session_released_the_run(records: list, store: Path) -> None:
+    """A requeued or signalled job released the run's lease as it ended: the next job took it at once, no takeover
+    (a lease left held would have been taken over as "gone" or after its expiry), each a new epoch, and the last
+    left it released."""
+    assert [r.took_over for r in records] == [None] * len(records)
+    assert [r.epoch for r in records] == list(range(1, len(records) + 1))
+    lease = json.loads((store / "test" / "lease").read_text())
+    assert lease["released"] is True and lease["epoch"] == records[-1].epoch
 
 
 def assert_ended_on_a_verified_checkpoint(session) -> None:
@@ -88,6 +99,7 @@ def check_usr1_mid_run_checkpoints_requeues_and_resumes_exactly(jobs, reference)
     assert_ended_on_a_verified_checkpoint(first)
     assert 3 <= first.steps_to < 20
     assert (last.steps_from, last.steps_to, last.outcome, last.requeued) == (first.steps_to, 20, "completed", False)
+    assert_each_session_released_the_run([first, last], jobs.base("usr1") / "store")
     assert_same_final_state(jobs.base("usr1") / "store", reference)
 
 
@@ -100,6 +112,7 @@ def check_an_outside_requeue_checkpoints_and_is_not_requeued_twice(jobs, referen
     assert_ended_on_a_verified_checkpoint(first)
     assert (last.steps_from, last.steps_to, last.outcome) == (first.steps_to, 20, "completed")
     assert f"SLURM job {job}: no requeue (SLURM requeued job {job} already (Restarts=1))" in out
+    assert_each_session_released_the_run([first, last], jobs.base("outside") / "store")
     assert_same_final_state(jobs.base("outside") / "store", reference)
 
 
