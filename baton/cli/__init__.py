@@ -106,22 +106,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("anneal", help="a cooldown branch from a verified plateau checkpoint of a wsd run: the "
                        "decay over more tokens, ending in an export; rerun to continue it")
     _config_args(p)
-    p.add_argument("--step", type=count(1), required=True, metavar="N",
+    # Required, said by the command in its own words (a number flag's parse error names the flag alone).
+    p.add_argument("--step", type=count(1), default=None, metavar="N",
                    help="the main run's verified checkpoint to branch from (on the plateau: after the warmup, not "
-                        "past the decay start)")
-    g = p.add_mutually_exclusive_group(required=True)
+                        "past the decay start); required")
+    g = p.add_mutually_exclusive_group()
     g.add_argument("--tokens", default=None, metavar="T",
                    help="the cooldown's length in tokens (50M, 5e7), rounded down to whole steps")
     g.add_argument("--fraction", type=finite_float(0.0, lo_open=True), default=None, metavar="F",
                    help="the cooldown's length as a share of the tokens seen at --step (0.2 for 20 %%)")
-    p.add_argument("--stop-after-steps", type=int, default=None, metavar="N",
+    p.add_argument("--stop-after-steps", type=count(1), default=None, metavar="N",
                    help="end this session at step N (checkpoint included)")
     p.add_argument("--session-hours", default=None, metavar="H",
                    help="time budget, as for train (9h, 90m, 2.5); default budget.session_hours")
     p.add_argument("--deadline", default=None, metavar="TIME", help="time budget as an instant (ISO 8601)")
     p.add_argument("--take-over", action="store_true",
                    help="take the branch over from a session that still holds its lease (docs/concurrency.md)")
-    p.add_argument("--nproc", type=int, default=1, metavar="N", help="processes on this machine, one per GPU")
+    p.add_argument("--nproc", type=count(1), default=1, metavar="N", help="processes on this machine, one per GPU")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     p = sub.add_parser("export", help="write the model as a Hugging Face folder")
@@ -317,6 +318,9 @@ def cmd_train(args) -> int:
 
 
 def cmd_anneal(args) -> int:
+    if args.step is None:
+        raise BatonError("anneal needs --step N: the main run's verified checkpoint to branch from (`baton status` "
+                         "lists them)")
     cfg = _load(args)
     from ..api import LaunchFailed, anneal
 

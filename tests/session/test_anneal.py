@@ -201,7 +201,8 @@ def finished_main(tmp_path_factory, prepared_data):
     (["--step", "8", "--tokens", "100"], "--tokens 100 is less than one step of 256 tokens"),
     (["--step", "8", "--fraction", "1.5"], "--fraction 1.5 must be in (0, 1]"),
     (["--step", "8", "--fraction", "0.2", "--tokens", "1024"], "argument --tokens: not allowed with argument --fraction"),
-    (["--step", "8"], "one of the arguments --tokens --fraction is required"),
+    (["--step", "8"], "anneal needs one of --tokens T (the cooldown's length) and --fraction F"),
+    (["--tokens", "1024"], "anneal needs --step N: the main run's verified checkpoint to branch from"),
 ])
 def test_bad_requests_are_refused_in_one_line_and_write_nothing(finished_main, capsys, flags, words):
     cfg, base = finished_main
