@@ -370,6 +370,9 @@ def anneal(cfg: Config, step: int, *, tokens: int | str | None = None, fraction:
         raise BatonError(f"anneal: step must be a verified checkpoint's step (a whole number >= 1), got {step!r}")
     count = parse_count(tokens, "--tokens") if tokens is not None else None
     plan = plan_anneal(cfg, step, count, fraction)
+    if stop_after_steps is not None and stop_after_steps <= step:
+        raise BatonError(f"--stop-after-steps {stop_after_steps} is not after the branch point (step {step}): the "
+                         f"branch trains steps {step + 1} to {plan.config.total_steps}")
     where = "continuing it" if plan.pointer is not None else "starting it"
     print(f"cooldown branch {plan.name}: from step {plan.step:,} of run {cfg.run.name!r}, {plan.steps:,} steps of "
           f"{cfg.tokens_per_step:,} tokens ({plan.tokens:,} tokens) to step {plan.config.total_steps:,}; {where} under "
