@@ -8,6 +8,7 @@ from typing import Any
 
 from .. import extras
 from ..planning import ledger as L
+from ..runs import split_run
 from .plots import plot_branches, plot_hours, plot_loss, plot_throughput
 
 
@@ -43,6 +44,8 @@ def write_report(doc: dict[str, Any], out: Path) -> Path:
         lines.append(f"- last validation: loss {_f(v['val_loss'], '.4f')}, perplexity {_f(v['val_ppl'], '.2f')} "
                      f"(step {v['step']})")
     lines.append(f"- billed: {led['billed_hours']:.4f} h over {led['sessions']} session(s)"
+                 + (" (the main run's and its cooldown branches')" if doc.get("branches") or split_run(doc["run"])[1]
+                    else "")
                  + (f"; quota period {led['period_hours']:.4f} of {led['quota_hours']:g} h" if led["period_hours"]
                     is not None else "") + (f"; cap {led['cap_hours']:g} h" if led["cap_left"] is not None else ""))
     if doc["complete"]:

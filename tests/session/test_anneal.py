@@ -240,3 +240,19 @@ def test_decay_step_places_the_wsd_cooldown():
     f = [lr_factor(s, 12, warmup_steps=4, decay_step=8) for s in range(12)]
     # warmup to step 3, the plateau to step 8 (the first decay step, still at the peak), then down towards 0
     assert f == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.75, 0.5, 0.25]
+
+
+def test_a_finished_branch_is_published_at_a_revision_named_for_it(make_config, tmp_path):
+    cfg = str(make_config())
+    published = tmp_path / "published"
+    sets = [*MAIN, f"publish.url={published}", "publish.every=4"]
+    run(load_config(cfg, sets), progress=False)
+    main_files = _files(published)
+    assert main(["anneal", "-c", cfg, *_sets(sets), "--step", "8", "--tokens", "2048", "--no-progress"]) == 0
+    # The branch's model and card at the revision anneal-8-2048 (a folder here, a branch on the Hub); its steps make
+    # no step-N revisions (those are the main run's), and the main run's publications are as they were.
+    folder = published / "anneal-8-2048"
+    assert (folder / "model.safetensors").read_bytes() == \
+        (tmp_path / "store" / "test" / "branches" / "anneal-8-2048" / "final" / "model.safetensors").read_bytes()
+    assert "test/branches/anneal-8-2048" in (folder / "README.md").read_text()
+    assert {k: v for k, v in _files(published).items() if not k.startswith("anneal-8-2048/")} == main_files
