@@ -1,8 +1,8 @@
 """baton: pretrain small Llama-style models across interruptible GPU sessions without losing a step.
 
-The Python API (``baton.load_config``, ``prepare``, ``publish_data``, ``train``, ``status``, ``plan``, ``simulate``,
-``export``, ``eval``, ``publish``) lives in ``baton.api`` and is imported on first use, so ``import baton`` stays light (no torch
-until needed). No submodule of the package carries one of these names.
+The Python API (``baton.load_config``, ``prepare``, ``publish_data``, ``train``, ``anneal``, ``branch``, ``status``,
+``plan``, ``simulate``, ``export``, ``eval``, ``publish``) lives in ``baton.api`` and is imported on first use, so
+``import baton`` stays light (no torch until needed). No submodule of the package carries one of these names.
 """
 
 from typing import Any
@@ -11,7 +11,8 @@ from .errors import BatonError, ConfigError, DataError, ResumeError, StoreError
 
 __version__ = "0.1.0"
 
-_API = ("load_config", "prepare", "publish_data", "train", "status", "plan", "simulate", "export", "eval", "publish")
+_API = ("load_config", "prepare", "publish_data", "train", "anneal", "branch", "status", "plan", "simulate", "export",
+        "eval", "publish")
 
 __all__ = ["BatonError", "ConfigError", "DataError", "ResumeError", "StoreError", *_API]
 

@@ -351,6 +351,47 @@ def _launched(cfg: Config, spec: LaunchSpec, args: list[str], stream_output: boo
 
 
 @checked
+def anneal(cfg: Config, step: int, *, tokens: int | str | None = None, fraction: float | None = None,
+           stop_after_steps: int | None = None, session_hours: float | str | None = None, deadline: str | None = None,
+           nproc: int = 1, progress: bool = True, stream_output: bool = True, take_over: bool = False
+           ) -> dict[str, Any]:
+    """`baton anneal`: a cooldown branch of ``cfg``'s run (wsd schedule) from its verified plateau checkpoint at
+    ``step``, over ``tokens`` more tokens ("50M", 5e7) or ``fraction`` of the tokens seen at ``step``: the config's
+    decay shape from the peak learning rate, the data continuing where the main run's would, ending in an export
+    (and a publish at a revision named for the branch when publish.url is set). Trained under
+    ``<run>/branches/anneal-<step>-<tokens>/`` as a run of its own: the same resume, checkpoints, verification
+    and lease as ``train``, whose arguments the rest are; run it again to continue it. The main run is only read.
+    Every check is made before anything is written (``AnnealError``); returns the session's summary."""
+    from .planning.plan import parse_count
+    from .session.branch import plan_anneal
+
+    _console()
+    if type(step) is not int or step < 1:  # bool is an int to Python, never a step to baton
+        raise BatonError(f"anneal: step must be a verified checkpoint's step (a whole number >= 1), got {step!r}")
+    count = parse_count(tokens, "--tokens") if tokens is not None else None
+    plan = plan_anneal(cfg, step, count, fraction)
+    if stop_after_steps is not None and stop_after_steps <= step:
+        raise BatonError(f"--stop-after-steps {stop_after_steps} is not after the branch point (step {step}): the "
+                         f"branch trains steps {step + 1} to {plan.config.total_steps}")
+    where = "continuing it" if plan.pointer is not None else "starting it"
+    print(f"cooldown branch {plan.name}: from step {plan.step:,} of run {cfg.run.name!r}, {plan.steps:,} steps of "
+          f"{cfg.tokens_per_step:,} tokens ({plan.tokens:,} tokens) to step {plan.config.total_steps:,}; {where} under "
+          f"{plan.config.run.name}/ in {cfg.store.url}", flush=True)
+    summary = train(plan.config, stop_after_steps=stop_after_steps, session_hours=session_hours, deadline=deadline,
+                    nproc=nproc, progress=progress, stream_output=stream_output, take_over=take_over)
+    return {**summary, "branch": plan.name}
+
+
+@checked
+def branch(cfg: Config, name: str) -> Config:
+    """The config of the cooldown branch ``name`` (``anneal-<step>-<tokens>``, as ``status(cfg)["branches"]`` lists
+    them) of ``cfg``'s run: what ``status``, ``export``, ``eval`` and ``publish`` are given to act on the branch."""
+    from .session.branch import branch_config
+
+    return branch_config(cfg, name)
+
+
+@checked
 def status(cfg: Config) -> dict[str, Any]:
     """What the store holds for the run: pointer, verified checkpoints, tokens, measured rate, ETA, ledger."""
     from .views.status import status as run_status

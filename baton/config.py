@@ -210,6 +210,8 @@ class OptimConfig(_Section):
     grad_clip: float = opt(1.0, "max global gradient norm (0 = off)", ge=0)
     warmup_steps: int = opt(100, "linear warmup length in optimizer steps", ge=0)
     decay_start: float = opt(0.8, "fraction of the horizon where the wsd cooldown begins", gt=0, le=1)
+    decay_step: int = opt(0, "the step where the wsd cooldown begins, instead of decay_start (0 = decay_start of "
+                             "the horizon); a cooldown branch (`baton anneal`) sets its branch point", ge=0)
     schedule: Schedule = opt("wsd", "wsd (warmup, plateau, cooldown), or cosine or linear (both decay from the "
                                        "warmup's end)")
     decay_shape: Literal["linear", "cosine", "1-sqrt"] = opt("linear", "the wsd cooldown's shape")
@@ -225,11 +227,20 @@ class OptimConfig(_Section):
     muon_weight_decay: float = opt(0.0, "Muon's decoupled weight decay (param *= 1 - lr x decay each step)", ge=0)
 
     def problems(self, cfg: Config) -> list[str]:
+        out = []
         if self.name == "muon" and cfg.train.parallel == "fsdp":
             # FSDP shards each matrix over the ranks; Newton-Schulz on a shard orthogonalises another matrix.
-            return ["optim.name='muon' does not work with train.parallel='fsdp' (each rank would orthogonalise a "
-                    "shard of every matrix, not the matrix); use train.parallel='ddp' with muon, or optim.name='adamw'"]
-        return []
+            out.append("optim.name='muon' does not work with train.parallel='fsdp' (each rank would orthogonalise a "
+                       "shard of every matrix, not the matrix); use train.parallel='ddp' with muon, or "
+                       "optim.name='adamw'")
+        if self.decay_step and self.schedule != "wsd":
+            out.append(f"optim.decay_step={self.decay_step} places the wsd cooldown, but optim.schedule is "
+                       f"{self.schedule!r}, which decays from the warmup's end (set optim.decay_step = 0, or "
+                       "optim.schedule = \"wsd\")")
+        elif self.decay_step and cfg.tokens_per_step > 0 and self.decay_step >= cfg.total_steps > 0:
+            out.append(f"optim.decay_step={self.decay_step} is not before the horizon ({cfg.total_steps} steps): the "
+                       "cooldown would never begin (lower it, or set 0 for decay_start of the horizon)")
+        return out
 
 
 @dataclass
@@ -400,7 +411,7 @@ class RunConfig(_Section):
     local_dir: str = opt("runs", "root of local run directories")
 
     def problems(self, cfg: Config) -> list[str]:
-        return run_name_problems(self.name, "run.name")
+        return run_name_problems(self.name, "run.name") or branch_problems(cfg)
 
 
 @dataclass
@@ -722,11 +733,39 @@ def _type_name(tp: Any) -> str:
 
 
 def run_name_problems(name: Any, what: str) -> list[str]:
-    """A run name is a portable file name: it names a local folder and a store prefix."""
-    if isinstance(name, str) and RUN_NAME.fullmatch(name):
+    """A run name is a portable file name: it names a local folder and a store prefix. A cooldown branch's is
+    its main run's name, ``/branches/`` and the branch's name (``baton.runs``)."""
+    from .runs import parse_anneal, split_run
+
+    main, branch = split_run(name) if isinstance(name, str) else (name, None)
+    if isinstance(main, str) and RUN_NAME.fullmatch(main) and (branch is None or parse_anneal(branch)):
         return []
     return [f"{what}={name!r} must be a plain name without '/': 1-{RUN_NAME_MAX} letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit (it names a folder and a store prefix)"]
+            "starting with a letter or digit (it names a folder and a store prefix); or a cooldown branch's, "
+            "RUN/branches/anneal-STEP-TOKENS"]
+
+
+def branch_problems(cfg: Config) -> list[str]:
+    """A cooldown branch's name is its definition: its config must have the horizon and the cooldown it names
+    (``baton anneal`` derives them; a config written by hand that disagrees would train another branch)."""
+    from .runs import parse_anneal, split_run
+
+    _, branch = split_run(cfg.run.name)
+    at = parse_anneal(branch) if branch else None
+    tps = cfg.tokens_per_step
+    if at is None or tps <= 0:
+        return []
+    step, tokens = at
+    if tokens % tps:
+        return [f"run.name={cfg.run.name!r}: its {tokens} tokens are not whole steps of {tps} tokens (a branch "
+                "trains whole steps: use the name `baton anneal` gives it)"]
+    want = {"optim.schedule": ("wsd", cfg.optim.schedule), "optim.decay_step": (step, cfg.optim.decay_step),
+            "train.steps": (step + tokens // tps, cfg.total_steps)}
+    wrong = [f"{k} = {json.dumps(w)} (not {json.dumps(v)})" for k, (w, v) in want.items() if w != v]
+    if wrong:
+        return [f"run.name={cfg.run.name!r} names the cooldown branch from step {step} over {tokens:,} tokens: it "
+                f"needs {', '.join(wrong)}; `baton anneal` sets them (and `--branch NAME` on other commands)"]
+    return []
 
 
 # A portable file name (POSIX's character set), short enough for the suffixes baton adds on any file system.

@@ -39,6 +39,8 @@ def _step_arg(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .plan import add_plan_parsers, branch_arg
+
     parser = _Parser(prog="baton", description="Pretrain small Llama models across interruptible "
                                      "sessions; the baton is the last verified checkpoint in the store.")
     parser.add_argument("--version", action="version", version=f"baton {__version__}")
@@ -101,8 +103,31 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds the ranks get to checkpoint after a stop signal before torchrun kills them")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
+    p = sub.add_parser("anneal", help="a cooldown branch from a verified plateau checkpoint of a wsd run: the "
+                       "decay over more tokens, ending in an export; rerun to continue it")
+    _config_args(p)
+    # Required, said by the command in its own words (a number flag's parse error names the flag alone).
+    p.add_argument("--step", type=count(1), default=None, metavar="N",
+                   help="the main run's verified checkpoint to branch from (on the plateau: after the warmup, not "
+                        "past the decay start); required")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--tokens", default=None, metavar="T",
+                   help="the cooldown's length in tokens (50M, 5e7), rounded down to whole steps")
+    g.add_argument("--fraction", type=finite_float(0.0, lo_open=True), default=None, metavar="F",
+                   help="the cooldown's length as a share of the tokens seen at --step (0.2 for 20 %%)")
+    p.add_argument("--stop-after-steps", type=count(1), default=None, metavar="N",
+                   help="end this session at step N (checkpoint included)")
+    p.add_argument("--session-hours", default=None, metavar="H",
+                   help="time budget, as for train (9h, 90m, 2.5); default budget.session_hours")
+    p.add_argument("--deadline", default=None, metavar="TIME", help="time budget as an instant (ISO 8601)")
+    p.add_argument("--take-over", action="store_true",
+                   help="take the branch over from a session that still holds its lease (docs/concurrency.md)")
+    p.add_argument("--nproc", type=count(1), default=1, metavar="N", help="processes on this machine, one per GPU")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
     p = sub.add_parser("export", help="write the model as a Hugging Face folder")
     _config_args(p)
+    branch_arg(p)
     p.add_argument("--out", required=True, help="output folder (new or empty; never inside the store, the run or "
                    "the data folder)")
     p.add_argument("--force", action="store_true", help="write into --out although it already holds files")
@@ -113,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="score a verified checkpoint: held-out loss and bits per byte, eval files, "
                        "lm-eval tasks; written to <run>/eval/<step>.json in the store")
     _config_args(p)
+    branch_arg(p)
     _step_arg(p)
     p.add_argument("--tasks", default=None, metavar="A,B", help="lm-evaluation-harness tasks (default: eval.tasks; "
                    "'' for none)")
@@ -122,9 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("publish", help="publish a verified checkpoint as a Hugging Face model repository with a "
                        "model card at publish.url")
     _config_args(p)
+    branch_arg(p)
     _step_arg(p)
     p.add_argument("--revision", default=None, metavar="NAME", help="publish to this revision (a branch on the "
-                   "Hub, a folder elsewhere) instead of the main one, e.g. step-1000")
+                   "Hub, a folder elsewhere) instead of the main one, e.g. step-1000 (a cooldown branch's default: "
+                   "its name)")
 
     p = sub.add_parser("sample", help="generate text from an exported model folder")
     p.add_argument("--from", dest="source", required=True, help="an exported model folder (baton export, or "
@@ -145,8 +173,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--collisions", choices=("auto", "on", "off"), default="auto",
                    help="count validation windows whose first 64 tokens match a training window's "
                         "(auto: when the shards are under 2 GiB)")
-
-    from .plan import add_plan_parsers
 
     add_plan_parsers(sub, _config_args)
     from .simulate import add_simulate_parser
@@ -172,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="write report.md and plots of the run so far, from the store alone")
     _config_args(p)
+    branch_arg(p)
     p.add_argument("--out", default=None, help="output folder (default: <run dir>/report)")
 
     p = sub.add_parser("config", help="print the resolved config as JSON, or the reference table")
@@ -236,6 +263,10 @@ def _load(args):
     from ..guard import check_layout
 
     cfg = load_config(args.config, args.overrides)
+    if getattr(args, "branch", None) is not None:  # --branch NAME: the command acts on that cooldown branch
+        from ..session.branch import branch_config
+
+        cfg = branch_config(cfg, args.branch)
     if args.command != "config":  # the store, run and data folders: folders, apart, before any work
         check_layout(cfg)  # (api.train and api.prepare also check that the folders they write take a write)
     return cfg
@@ -283,6 +314,22 @@ def cmd_train(args) -> int:
               session_start=args.session_start, stream_output=False, take_over=args.take_over)
     except LaunchFailed as e:
         return e.status  # the ranks' errors and the launcher's report are printed already
+    return 0
+
+
+def cmd_anneal(args) -> int:
+    if args.step is None:
+        raise BatonError("anneal needs --step N: the main run's verified checkpoint to branch from (`baton status` "
+                         "lists them)")
+    cfg = _load(args)
+    from ..api import LaunchFailed, anneal
+
+    try:
+        anneal(cfg, args.step, tokens=args.tokens, fraction=args.fraction, stop_after_steps=args.stop_after_steps,
+               session_hours=args.session_hours, deadline=args.deadline, nproc=args.nproc,
+               progress=not args.no_progress, stream_output=False, take_over=args.take_over)
+    except LaunchFailed as e:
+        return e.status
     return 0
 
 
@@ -467,6 +514,7 @@ COMMANDS = {
     "prepare": cmd_prepare,
     "publish-data": cmd_publish_data,
     "train": cmd_train,
+    "anneal": cmd_anneal,
     "export": cmd_export,
     "eval": cmd_eval,
     "publish": cmd_publish,

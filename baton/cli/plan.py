@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from datetime import datetime, timezone
@@ -44,12 +45,21 @@ def add_plan_parsers(sub, config_args) -> None:
     p = sub.add_parser("ledger", help="the run's sessions and billed hours against the quota and cap")
     config_args(p)
     p.add_argument("--run", action="append", default=None, metavar="NAME",
-                   help="runs in the same store to include (repeatable; default: the config's run)")
+                   help="runs in the same store to include (repeatable; default: the config's run and its cooldown "
+                        "branches)")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("status", help="what the store holds: pointer, verified checkpoints, tokens, rate, ETA")
     config_args(p)
+    branch_arg(p)
     p.add_argument("--json", action="store_true")
+
+
+def branch_arg(p: argparse.ArgumentParser) -> None:
+    """--branch of the commands that read a run's store: a cooldown branch of the config's run instead."""
+    p.add_argument("--branch", default=None, metavar="NAME",
+                   help="the config's cooldown branch NAME (anneal-STEP-TOKENS, as `baton status` lists them) "
+                        "instead of the main run")
 
 
 

@@ -16,7 +16,7 @@ def run_ledger(args, cfg: Config) -> int:
     store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
     from ..config import run_name_problems
 
-    runs = args.run or [cfg.run.name]
+    runs = args.run or [cfg.run.name, *L.branch_runs(store, cfg.run.name)]  # its cooldown branches bill it too
     problems = [p for run in runs for p in run_name_problems(run, "--run")]
     if problems:
         raise BatonError(problems[0])
@@ -46,6 +46,9 @@ def run_status(args, cfg: Config) -> int:
     print(f"run {s['run']} in {s['store']}")
     if s["pointer_problem"]:
         print(f"pointer: PROBLEM: {s['pointer_problem']}")
+    elif s["pointer_step"] is None and s.get("branch"):
+        print(f"pointer: none: no verified checkpoint of the branch yet (the next `baton anneal` starts it from the main "
+              f"run's step {s['branch']['step']:,}, to step {s['total_steps']:,})")
     elif s["pointer_step"] is None:
         print(f"pointer: none: no verified checkpoint in the store yet (the next `baton train` starts at step 0 of "
               f"{s['total_steps']:,})")
@@ -80,6 +83,11 @@ def run_status(args, cfg: Config) -> int:
     cad = s.get("cadence")
     if cad and (cad["auto"] or cad["ckpt_minutes"]):
         print(f"checkpoint cadence: {cad['reason']}")
+    for b in s.get("branches", []):
+        state = ("complete" if b["complete"] else f"step {b['pointer_step']:,} of {b['total_steps']:,}"
+                 if b["pointer_step"] is not None else "no checkpoint yet")
+        print(f"cooldown branch {b['name']}: from step {b['step']:,} over {b['tokens']:,} tokens; {state}"
+              + (f", val_loss {b['val_loss']:.4f}" if b["val_loss"] is not None else ""))
     print(f"lease: {_lease_line(s['lease'])}")
     d = s["data"]
     if d["problem"]:
@@ -93,6 +101,7 @@ def run_status(args, cfg: Config) -> int:
               f"pulled, {lp['reused_files']} reused (session {lp['session']}, fingerprint {lp['fingerprint']})")
     led = s["ledger"]
     print(f"billed: {led['billed_hours']:.4f} h over {led['sessions']} session(s)"
+          + (" (the main run's and its branches')" if s.get("branches") or s.get("branch") else "")
           + (f"; this quota period {led['period_hours']:.4f} of {led['quota_hours']:g} h" if led["period_hours"]
              is not None else "") + (f"; cap {led['cap_hours']:g} h, {led['cap_left']:.4f} h left" if led["cap_left"]
                                       is not None else ""))

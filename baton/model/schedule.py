@@ -1,7 +1,7 @@
 """The learning-rate schedule, as a multiplier on the peak LR: linear warmup, then one of
 
-- ``wsd`` (the default): a plateau at the peak, then a cooldown from ``decay_start`` of the horizon, shaped
-  ``linear``, ``cosine`` or ``1-sqrt``;
+- ``wsd`` (the default): a plateau at the peak, then a cooldown from ``decay_start`` of the horizon (or from
+  step ``decay_step``, where set: a cooldown branch's branch point), shaped ``linear``, ``cosine`` or ``1-sqrt``;
 - ``cosine``: a cosine from the end of the warmup over the rest of the horizon;
 - ``linear``: a straight line from the end of the warmup over the rest of the horizon;
 
@@ -27,11 +27,12 @@ def horizon_step(total_steps: int, fraction: float) -> int:
     return math.floor(Fraction(repr(float(fraction))) * total_steps)
 
 
-def decay_begin(total_steps: int, decay_start: float = 0.8, schedule: str = "wsd", warmup_steps: int = 0) -> int:
-    """First optimizer step (0-based) of the decay phase: ``decay_start`` of the horizon for ``wsd``, the end
-    of the warmup (at most the last step) for ``cosine`` and ``linear``."""
+def decay_begin(total_steps: int, decay_start: float = 0.8, schedule: str = "wsd", warmup_steps: int = 0,
+                decay_step: int = 0) -> int:
+    """First optimizer step (0-based) of the decay phase: ``decay_step`` when set, else ``decay_start`` of the
+    horizon for ``wsd``; the end of the warmup (at most the last step) for ``cosine`` and ``linear``."""
     if schedule == "wsd":
-        return horizon_step(total_steps, decay_start)
+        return decay_step if decay_step else horizon_step(total_steps, decay_start)
     return min(warmup_steps, total_steps - 1)
 
 
@@ -48,7 +49,8 @@ def _decay(k: int, n: int, shape: str) -> float:
 
 
 def lr_factor(step: int, total_steps: int, warmup_steps: int = 100, decay_start: float = 0.8,
-              schedule: str = "wsd", decay_shape: str = "linear", min_lr_ratio: float = 0.0) -> float:
+              schedule: str = "wsd", decay_shape: str = "linear", min_lr_ratio: float = 0.0,
+              decay_step: int = 0) -> float:
     """Multiplier on the peak LR for the update with 0-based index ``step``.
 
     Warmup ramps (step+1)/warmup so the first update is not at LR 0. The decay runs from 1.0 at
@@ -62,7 +64,7 @@ def lr_factor(step: int, total_steps: int, warmup_steps: int = 100, decay_start:
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}")
     shape = decay_shape if schedule == "wsd" else {"cosine": "cosine", "linear": "linear"}[schedule]
-    d0 = decay_begin(total_steps, decay_start, schedule, warmup_steps)
+    d0 = decay_begin(total_steps, decay_start, schedule, warmup_steps, decay_step)
     if step < warmup_steps and step < d0:
         return (step + 1) / warmup_steps
     if step < d0:
@@ -76,19 +78,22 @@ def lr_factor(step: int, total_steps: int, warmup_steps: int = 100, decay_start:
 def factor_for(cfg_optim, step: int, total_steps: int) -> float:
     """``lr_factor`` with the schedule settings of an ``[optim]`` section."""
     o = cfg_optim
-    return lr_factor(step, total_steps, o.warmup_steps, o.decay_start, o.schedule, o.decay_shape, o.min_lr_ratio)
+    return lr_factor(step, total_steps, o.warmup_steps, o.decay_start, o.schedule, o.decay_shape, o.min_lr_ratio,
+                     o.decay_step)
 
 
-def plateau_share(total_steps: int, warmup_steps: int = 100, decay_start: float = 0.8, schedule: str = "wsd") -> float:
+def plateau_share(total_steps: int, warmup_steps: int = 100, decay_start: float = 0.8, schedule: str = "wsd",
+                  decay_step: int = 0) -> float:
     """Share of all updates that run at the peak LR (factor exactly 1.0, outside warmup)."""
-    d0 = decay_begin(total_steps, decay_start, schedule, warmup_steps)
+    d0 = decay_begin(total_steps, decay_start, schedule, warmup_steps, decay_step)
     return max(0, d0 - warmup_steps) / total_steps
 
 
-def landmarks(total_steps: int, warmup_steps: int, decay_start: float, schedule: str) -> dict[str, int]:
+def landmarks(total_steps: int, warmup_steps: int, decay_start: float, schedule: str,
+              decay_step: int = 0) -> dict[str, int]:
     """The steps (0-based updates) where a schedule is judged: warmup end, decay start, 90 %, the last."""
     return {"warmup_end": max(0, min(warmup_steps, total_steps) - 1),
-            "decay_start": decay_begin(total_steps, decay_start, schedule, warmup_steps),
+            "decay_start": decay_begin(total_steps, decay_start, schedule, warmup_steps, decay_step),
             "at_90pct": min(total_steps - 1, horizon_step(total_steps, 0.9)),
             "last": total_steps - 1}
 
@@ -108,7 +113,7 @@ def sketch(factor, total_steps: int, width: int = 60, height: int = 6) -> list[s
 
 def plot(optim, total_steps: int) -> list[str]:
     """A titled text plot of the schedule an ``[optim]`` section configures, over ``total_steps``."""
-    at = landmarks(total_steps, optim.warmup_steps, optim.decay_start, optim.schedule)
+    at = landmarks(total_steps, optim.warmup_steps, optim.decay_start, optim.schedule, optim.decay_step)
     cooldown = f", {optim.decay_shape} cooldown" if optim.schedule == "wsd" else ""
     title = (f"learning rate: {optim.schedule}{cooldown}, warmup {optim.warmup_steps}, decay from step "
              f"{at['decay_start']:,}, floor {optim.min_lr_ratio:g} x {optim.lr:g}")

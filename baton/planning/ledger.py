@@ -23,6 +23,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from ..errors import BatonError, Fenced, StoreError
+from ..runs import BRANCHES, branch_run, branches_in, split_run
 from ..store import Store
 from .plan import HOUR, Quota, iso
 
@@ -92,6 +93,9 @@ class LedgerRecord:
     settings: dict[str, str] = field(default_factory=dict)
     epoch: int | None = None  # the run's lease epoch it held (store.lease); None: it held none
     took_over: dict[str, Any] | None = None  # the session it took the lease from: {"session", "host", "epoch", "why"}
+    # The cooldown branch it trained (``baton anneal``: anneal-<step>-<tokens>); None: the main run. Billed against
+    # the same quota and cap as the main run's sessions.
+    branch: str | None = None
 
     @property
     def last_ts(self) -> float:
@@ -130,6 +134,8 @@ class LedgerRecord:
             raise ValueError("epoch is not a whole number")
         if d.get("took_over") is not None and not isinstance(d["took_over"], dict):
             raise ValueError("took_over is not a table")
+        if d.get("branch") is not None and not isinstance(d["branch"], str):
+            raise ValueError("branch is not a branch name")
         booked = d.get("checkpoints") or []
         if not isinstance(booked, list) or not all(isinstance(c, dict) and type(c.get("step")) is int for c in booked):
             raise ValueError("checkpoints is not a list of checkpoint records")
@@ -167,7 +173,8 @@ class SessionLedger:
             accelerators=accelerators, bill_factor=bill_factor, started=_iso_s(started), started_ts=started,
             heartbeat=_iso_s(started), heartbeat_ts=started, tokens_per_step=tokens_per_step,
             deadline=_iso_s(deadline) if deadline else None, deadline_ts=deadline,
-            heartbeat_every_s=heartbeat_every_s, data=data, epoch=epoch, took_over=took_over)
+            heartbeat_every_s=heartbeat_every_s, data=data, epoch=epoch, took_over=took_over,
+            branch=split_run(run)[1])
         if slurm is not None:
             self.rec.slurm_job, self.rec.slurm_array_task, self.rec.slurm_restarts = slurm
         self._last_write = 0.0
@@ -256,6 +263,28 @@ def read_ledger(store: Store, run: str) -> tuple[list[LedgerRecord], list[str]]:
         except (ValueError, TypeError, StoreError) as e:
             problems.append(f"{key}: {e}")
     # Sessions started in the same second (one process running several) are told apart by their first step.
+    records.sort(key=lambda r: (r.started_ts, r.steps_from or 0))
+    return records, problems
+
+
+def branch_runs(store: Store, run: str) -> list[str]:
+    """The run names of ``run``'s cooldown branches in the store (``<run>/branches/<name>``), by branch point."""
+    main = split_run(run)[0]
+    return [branch_run(main, b) for b in branches_in(list_keys(store, f"{main}/{BRANCHES}/"), main)]
+
+
+def read_run_ledgers(store: Store, run: str, read: tuple[list[LedgerRecord], list[str]] | None = None
+                     ) -> tuple[list[LedgerRecord], list[str]]:
+    """Every session billed to the run: its main run's and each of its cooldown branches' (``run`` may name either),
+    sorted by start. What a quota, a cap and a plan count. ``read``: ``read_ledger(store, run)``, when the caller
+    has it already."""
+    main = split_run(run)[0]
+    records: list[LedgerRecord] = []
+    problems: list[str] = []
+    for r_name in (main, *branch_runs(store, main)):
+        r, p = read if read is not None and r_name == run else read_ledger(store, r_name)
+        records += r
+        problems += p
     records.sort(key=lambda r: (r.started_ts, r.steps_from or 0))
     return records, problems
 
@@ -381,6 +410,7 @@ def format_ledger(records: list[LedgerRecord], t: Totals) -> str:
     for r in records:
         # A preflight stage's record trains no steps of the run: no range, not "None → None".
         steps = "—" if r.steps_from is None else f"{r.steps_from} → {r.steps_to}"
+        steps += f" (branch {r.branch})" if r.branch else ""
         outcome = r.outcome if r.outcome != OPEN else "no end recorded (running, or died: billed to heartbeat)"
         outcome += takeover_note(r.took_over)
         lines.append(f"| {r.session} | {r.started} | {r.heartbeat} | {r.ended or '—'} | "

@@ -30,11 +30,11 @@ SCHEDULE_CHECK = "schedule: 1.0 at the warmup's end and the decay start, never r
 def schedule_shape(cfg) -> tuple[dict, bool, str]:
     """The configured schedule's factors measured at its landmarks, whether its shape holds, and one line."""
     o, total = cfg.optim, cfg.total_steps
-    at = landmarks(total, o.warmup_steps, o.decay_start, o.schedule)
+    at = landmarks(total, o.warmup_steps, o.decay_start, o.schedule, o.decay_step)
     f = [factor_for(o, s, total) for s in range(total)]
     shape = {"schedule": o.schedule, "decay_shape": o.decay_shape if o.schedule == "wsd" else o.schedule,
              "min_lr_ratio": o.min_lr_ratio, "total_steps": total,
-             "plateau_share": plateau_share(total, o.warmup_steps, o.decay_start, o.schedule),
+             "plateau_share": plateau_share(total, o.warmup_steps, o.decay_start, o.schedule, o.decay_step),
              **{f"step_{k}": s for k, s in at.items()}, **{f"factor_{k}": f[s] for k, s in at.items()},
              "plot": plot(o, total)}
     ok = (f[at["warmup_end"]] == 1.0 and abs(f[at["decay_start"]] - 1.0) < 1e-12

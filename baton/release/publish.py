@@ -26,6 +26,7 @@ from ..errors import BatonError, StoreError
 from ..evaluate.record import EvalRecord
 from ..guard import local_store_root, output_place, shown
 from ..planning import ledger as L
+from ..runs import split_run
 from ..store import RetryPolicy, Store, open_store, safe_key
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,10 @@ def publish_folder(cfg: Config, target: Target, folder: Path, step: int, config:
 
 
 def publish(cfg: Config, step: int | None = None, revision: str | None = None) -> dict[str, Any]:
-    """`baton publish`: the verified checkpoint at ``step`` (None: the pointer's) to ``publish.url``."""
+    """`baton publish`: the verified checkpoint at ``step`` (None: the pointer's) to ``publish.url``; a cooldown
+    branch's at the revision named for it unless ``revision`` says otherwise."""
+    if revision is None and split_run(cfg.run.name)[1] is not None:
+        revision = final_revision(cfg)
     from ..checkpoint.history import locate
     from ..checkpoint.state import METRICS_FILE
     from ..data.manifest import load_manifest
@@ -178,13 +182,20 @@ def publish_trained(cfg: Config, model, step: int, folder: Path, metrics: Path |
         return publish_folder(cfg, target, staged, step, cfg.to_dict(), evaluation, metrics)
 
 
+def final_revision(cfg: Config) -> str:
+    """Where a run's finished model is published: the main revision; a cooldown branch's at a revision named for
+    it (``anneal-<step>-<tokens>``), beside the main run's."""
+    return split_run(cfg.run.name)[1] or ""
+
+
 def revision_for(cfg: Config, step: int, total_steps: int) -> str | None:
-    """Where training publishes checkpoint ``step``: the main revision at the horizon, ``step-N`` at a
-    multiple of publish.every, nowhere otherwise."""
+    """Where training publishes checkpoint ``step``: the final revision at the horizon, ``step-N`` at a
+    multiple of publish.every, nowhere otherwise. A cooldown branch publishes its final model only: its steps'
+    ``step-N`` are the main run's revisions."""
     if not cfg.publish.url:
         return None
     if step >= total_steps:
-        return ""
-    if cfg.publish.every and step % cfg.publish.every == 0:
+        return final_revision(cfg)
+    if cfg.publish.every and step % cfg.publish.every == 0 and split_run(cfg.run.name)[1] is None:
         return f"step-{step}"
     return None

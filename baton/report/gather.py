@@ -9,11 +9,70 @@ from typing import Any
 
 from ..checkpoint.history import newest_validation, read_history
 from ..checkpoint.names import METRICS_FILE
+from ..checkpoint.pointer import Pointer, read_pointer
 from ..config import Config
+from ..errors import BatonError
+from ..evaluate.record import read_record
 from ..planning import ledger as L
-from ..store import RetryPolicy, open_store
+from ..runs import split_run
+from ..store import RetryPolicy, Store, open_store
 from ..tracking.trackers import read_rows
-from ..views.status import status
+from ..views.status import branches_status, status
+
+
+def _rows(store: Store, run: str, pointer: Pointer | None) -> list[dict[str, Any]]:
+    """The metrics rows the pointer's checkpoint carries (every step up to it)."""
+    if pointer is None:
+        return []
+    with tempfile.TemporaryDirectory() as tmp:
+        key = f"{run}/{pointer.path}/{METRICS_FILE}"
+        if key not in store.list(f"{run}/{pointer.path}/", checksums=False):
+            return []
+        store.get_file(key, Path(tmp) / METRICS_FILE)
+        return read_rows(Path(tmp) / METRICS_FILE)
+
+
+def _evals(store: Store, run: str) -> list[dict[str, Any]]:
+    """The held-out losses `baton eval` recorded for the run's checkpoints (``<run>/eval/<step>.json``), by step:
+    the same number a run's own validation reports."""
+    out = []
+    for key in L.list_keys(store, f"{run}/eval/"):
+        name = key.rsplit("/", 1)[-1]
+        if not (name.endswith(".json") and name[:-5].isdigit()):
+            continue
+        try:
+            rec = read_record(store, run, int(name[:-5]))
+        except BatonError:
+            continue  # a damaged record is not a point of the curve
+        if rec is not None and isinstance(rec.heldout.get("loss"), (int, float)):
+            out.append({"step": rec.step, "val_loss": rec.heldout["loss"]})
+    return sorted(out, key=lambda v: v["step"])
+
+
+def _val(rows: list[dict[str, Any]], pointer: Pointer | None) -> list[dict[str, Any]]:
+    """The run's validations: each metrics row that carries one, and the horizon's (in the pointer alone)."""
+    val = [{"step": r["step"], "val_loss": r["val_loss"], "val_ppl": r["val_ppl"]} for r in rows if "val_loss" in r]
+    final = newest_validation([], pointer)  # the horizon's, which no metrics row carries
+    if final is not None:
+        val.append({"step": final["val_step"], "val_loss": final["val_loss"], "val_ppl": final["val_ppl"]})
+    return val
+
+
+def _branches(store: Store, run: str, tokens_per_step: int) -> list[dict[str, Any]]:
+    """Each cooldown branch of the run: where it starts, how far it got, and its validations after the branch point
+    (its metrics rows up to the branch point are the main run's)."""
+    out = []
+    for b in branches_status(store, run, tokens_per_step):
+        try:
+            pointer = read_pointer(store, b["run"])
+            val = _val(_rows(store, b["run"], pointer), pointer)
+            evals = _evals(store, b["run"])
+        except BatonError as e:
+            b = {**b, "problem": b["problem"] or str(e)}
+            pointer, val, evals = None, [], []
+        out.append({**b, "val": [v for v in val if v["step"] > b["step"]],
+                    "evals": [v for v in evals if v["step"] > b["step"]]})
+    return out
 
 
 def gather(cfg: Config) -> dict[str, Any]:
@@ -21,13 +80,7 @@ def gather(cfg: Config) -> dict[str, Any]:
     run = cfg.run.name
     history = read_history(store, run)
     pointer = history.pointer
-    rows: list[dict[str, Any]] = []
-    if pointer is not None:
-        with tempfile.TemporaryDirectory() as tmp:
-            key = f"{run}/{pointer.path}/{METRICS_FILE}"
-            if key in store.list(f"{run}/{pointer.path}/", checksums=False):
-                store.get_file(key, Path(tmp) / METRICS_FILE)
-                rows = read_rows(Path(tmp) / METRICS_FILE)
+    rows = _rows(store, run, pointer)
     st = status(cfg, forecast_curve=True)
     tps = st["tokens_per_step"]
     sessions = []
@@ -40,10 +93,7 @@ def gather(cfg: Config) -> dict[str, Any]:
                          "mfu": statistics.median(mfu) if mfu else None, "billed_hours": L.billed_hours(rec),
                          "outcome": rec.outcome, "device": rec.device, "accelerators": rec.accelerators,
                          "settings": rec.settings, "took_over": rec.took_over})
-    val = [{"step": r["step"], "val_loss": r["val_loss"], "val_ppl": r["val_ppl"]} for r in rows if "val_loss" in r]
-    final = newest_validation([], pointer)  # the horizon's, which no metrics row carries
-    if final is not None:
-        val.append({"step": final["val_step"], "val_loss": final["val_loss"], "val_ppl": final["val_ppl"]})
+    val = _val(rows, pointer)
     return {
         "run": run, "store": store.describe(), "tokens_per_step": tps, "total_steps": st["total_steps"],
         "pointer_step": pointer.step if pointer else None, "complete": bool(pointer and pointer.complete),
@@ -59,4 +109,7 @@ def gather(cfg: Config) -> dict[str, Any]:
         "stepping_hours_left": st.get("stepping_hours_left"), "ledger": st["ledger"],
         "simulated": st.get("simulated"), "cadence": st.get("cadence"),
         "problems": history.ledger_problems,
+        # Validation against tokens: `baton eval`'s records, and each cooldown branch's (a main run's only).
+        "evals": _evals(store, run),
+        "branches": _branches(store, run, tps) if split_run(run)[1] is None else [],
     }

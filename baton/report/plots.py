@@ -76,3 +76,33 @@ def plot_hours(doc: dict[str, Any], path: Path) -> Path:
     ax.set_ylabel("hours")
     ax.legend(fontsize=8)
     return save_figure(plt, fig, path)
+
+
+def plot_branches(doc: dict[str, Any], path: Path) -> Path:
+    """Validation loss against tokens: the main run's (its own validations and `baton eval`'s) and each cooldown
+    branch's, drawn from its branch point on the main run's curve to where it ended."""
+    plt = _plt()
+    tps = doc["tokens_per_step"]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    main = {v["step"]: v["val_loss"] for v in doc.get("evals", [])}
+    main.update({v["step"]: v["val_loss"] for v in doc["val"]})  # the run's own where both scored a step
+    steps = sorted(main)
+    if steps:
+        ax.plot([s * tps for s in steps], [main[s] for s in steps], "o-", color="black", markersize=4,
+                label=f"{doc['run']} (main run)")
+    for b in doc.get("branches", []):
+        pts = {v["step"]: v["val_loss"] for v in b.get("evals", [])}
+        pts.update({v["step"]: v["val_loss"] for v in b["val"]})
+        if not pts:
+            continue
+        xs = sorted(pts)
+        start = [b["step"]] if b["step"] in main else []
+        line = ax.plot([s * tps for s in start + xs], [(main | pts)[s] for s in start + xs], "-", linewidth=1.5)
+        ax.plot([xs[-1] * tps], [pts[xs[-1]]], "*", markersize=11, color=line[0].get_color(),
+                label=f"{b['name']}: {pts[xs[-1]]:.3f}" + ("" if b["complete"] else " (not finished)"))
+        ax.axvline(b["step"] * tps, color=line[0].get_color(), linestyle=":", linewidth=0.8)
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("validation loss")
+    ax.set_title(f"{doc['run']}: validation loss; cooldown branches from the plateau (dotted: branch points)")
+    ax.legend(fontsize=8)
+    return save_figure(plt, fig, path)

@@ -8,7 +8,8 @@ from typing import Any
 
 from .. import extras
 from ..planning import ledger as L
-from .plots import plot_hours, plot_loss, plot_throughput
+from ..runs import split_run
+from .plots import plot_branches, plot_hours, plot_loss, plot_throughput
 
 
 def _f(v: Any, fmt: str) -> str:
@@ -22,6 +23,8 @@ def write_report(doc: dict[str, Any], out: Path) -> Path:
     if draw:
         plots = {"loss": plot_loss(doc, out / "loss.png"), "throughput": plot_throughput(doc, out / "throughput.png"),
                  "hours": plot_hours(doc, out / "hours.png")}
+        if doc.get("branches") or doc.get("evals"):
+            plots["validation"] = plot_branches(doc, out / "validation.png")
     tps = doc["tokens_per_step"]
     step = doc["pointer_step"]
     led = doc["ledger"]
@@ -41,6 +44,8 @@ def write_report(doc: dict[str, Any], out: Path) -> Path:
         lines.append(f"- last validation: loss {_f(v['val_loss'], '.4f')}, perplexity {_f(v['val_ppl'], '.2f')} "
                      f"(step {v['step']})")
     lines.append(f"- billed: {led['billed_hours']:.4f} h over {led['sessions']} session(s)"
+                 + (" (the main run's and its cooldown branches')" if doc.get("branches") or split_run(doc["run"])[1]
+                    else "")
                  + (f"; quota period {led['period_hours']:.4f} of {led['quota_hours']:g} h" if led["period_hours"]
                     is not None else "") + (f"; cap {led['cap_hours']:g} h" if led["cap_left"] is not None else ""))
     if doc["complete"]:
@@ -72,6 +77,7 @@ def write_report(doc: dict[str, Any], out: Path) -> Path:
                   "|---|---|---|---|"]
         lines += [f"| {p['step']} | {p['loss']:.4f} | {p['score']:.1f} | {p['windows']} |" for p in doc["spikes"]]
         lines.append("")
+    lines += _branch_lines(doc)
     lines += _forecast(doc, out, plots, draw)
     lines += ["## Plots", ""] + ([f"![{k}]({p.name})" for k, p in plots.items()] if draw else
                                  [f"Not drawn: matplotlib is not installed ({extras.fix('matplotlib')})."])
@@ -81,6 +87,28 @@ def write_report(doc: dict[str, Any], out: Path) -> Path:
     (out / "report.json").write_text(json.dumps({k: v for k, v in doc.items() if k != "rows"}, indent=1),
                                      encoding="utf-8")
     return out / "report.md"
+
+
+def _branch_lines(doc: dict[str, Any]) -> list[str]:
+    """The cooldown branches (`baton anneal`) beside the main run: where each starts, how far it is, its loss."""
+    if not doc.get("branches"):
+        return []
+    tps = doc["tokens_per_step"]
+    main = {v["step"]: v["val_loss"] for v in doc.get("evals", [])} | {v["step"]: v["val_loss"] for v in doc["val"]}
+    lines = ["## Cooldown branches", "",
+             "| branch | from step | cooldown tokens | progress | validation loss at its end | at its branch point |",
+             "|---|---|---|---|---|---|"]
+    for b in doc["branches"]:
+        pts = {v["step"]: v["val_loss"] for v in b.get("evals", [])} | {v["step"]: v["val_loss"] for v in b["val"]}
+        end = max(pts) if pts else None
+        progress = ("complete" if b["complete"] else f"step {b['pointer_step']:,} of {b['total_steps']:,}"
+                    if b["pointer_step"] is not None else "not started") + (f" ({b['problem']})" if b["problem"] else "")
+        lines.append(f"| {b['name']} | {b['step']:,} ({b['step'] * tps:,} tokens) | {b['tokens']:,} | {progress} | "
+                     + (f"{pts[end]:.4f} (step {end:,})" if end is not None else "—") + " | "
+                     + _f(main.get(b["step"]), ".4f") + " |")
+    lines += ["", "A branch point's loss is the main run's validation there (`train.eval_every`, or `baton eval --step "
+              "N`); `baton eval --branch NAME` scores a branch's checkpoints.", ""]
+    return lines
 
 
 def _forecast(doc: dict[str, Any], out: Path, plots: dict[str, Path], draw: bool) -> list[str]:

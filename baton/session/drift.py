@@ -182,8 +182,8 @@ def horizon_problem(state: CheckpointState, new_cfg: dict[str, Any], total_steps
             return None
         return (f"the {kind} schedule decays from the end of the warmup, and the checkpoint at step {step} is "
                 "past it: a new horizon would change the learning rate of updates already made")
-    old_d0 = decay_begin(old_total, old_o.get("decay_start", 0.8))
-    new_d0 = decay_begin(total_steps, new_o["decay_start"])
+    old_d0 = decay_begin(old_total, old_o.get("decay_start", 0.8), decay_step=old_o.get("decay_step", 0))
+    new_d0 = decay_begin(total_steps, new_o["decay_start"], decay_step=new_o.get("decay_step", 0))
     if step > old_d0:
         return (f"the checkpoint at step {step} is past the decay start of the {old_total}-step schedule (step "
                 f"{old_d0}): its cooldown has begun, and a new horizon cannot move it")
@@ -221,9 +221,17 @@ def refuse_drift(state: CheckpointState, new_cfg: dict[str, Any], total_steps: i
 def check_resume(state: CheckpointState, new_cfg: dict[str, Any], total_steps: int, fingerprint: str,
                  permutation: str, tok_sha256: str,
                  allowed: set[str] | frozenset[str] = frozenset(),
-                 hub: tuple[str | None, ...] | None = None) -> list[Difference]:
-    """Refuse a resume that drifts (one message, every difference); returns the differences allowed."""
-    diffs = refuse_drift(state, new_cfg, total_steps, fingerprint, permutation, tok_sha256, allowed, hub=hub)
+                 hub: tuple[str | None, ...] | None = None,
+                 implied: frozenset[str] = frozenset()) -> list[Difference]:
+    """Refuse a resume that drifts (one message, every difference); returns the differences allowed.
+    ``implied``: keys allowed by what the session is rather than by --allow-change (a cooldown branch's own
+    horizon, at its branch point), logged as such."""
+    diffs = refuse_drift(state, new_cfg, total_steps, fingerprint, permutation, tok_sha256, allowed | implied,
+                         hub=hub)
+    said = {d.key for d in diffs}
+    if any(d.key in implied for d in diffs):
+        log.info("a cooldown branch's own, at its branch point: %s", "; ".join(str(d) for d in diffs if d.key in implied))
+    diffs = [d for d in diffs if d.key not in implied]
     if diffs:
         log.warning("resuming with changes allowed by --allow-change: %s", "; ".join(str(d) for d in diffs))
     for key in sorted(set(allowed) - {d.key for d in diffs}):
@@ -233,7 +241,7 @@ def check_resume(state: CheckpointState, new_cfg: dict[str, Any], total_steps: i
             for sec, values in old_cfg.items() if isinstance(values, dict) and isinstance(new_cfg.get(sec), dict)
             for name, old in values.items()
             if name in new_cfg[sec] and old != new_cfg[sec][name] and f"{sec}.{name}" not in FROZEN_KEYS
-            and f"{sec}.{name}" not in QUIET and f"{sec}.{name}" not in {d.key for d in diffs}]
+            and f"{sec}.{name}" not in QUIET and f"{sec}.{name}" not in said]
     if free:
         log.info("resuming with changed settings: %s", "; ".join(str(d) for d in free))
     return [d for d in diffs if d.key in allowed]

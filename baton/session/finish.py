@@ -103,16 +103,19 @@ def finish(s: Session) -> None:
                              f"{e}; the pointer still names the verified checkpoint at step {st.step}: fix the "
                              "store's problem, then rerun `baton train`, which publishes it again") from None
         if p.cfg.publish.url:
-            from ..release.publish import publish_trained
+            from ..release.publish import final_revision, publish_trained
 
             if p.lease is not None:
                 p.lease.verify()  # publish.url is outside the run's store: a fenced session publishes nothing
             try:
-                publish_trained(p.cfg, plain[0], st.step, p.run_dir / "final", s.metrics_path)
+                publish_trained(p.cfg, plain[0], st.step, p.run_dir / "final", s.metrics_path,
+                                final_revision(p.cfg))
             except Exception as e:  # noqa: BLE001 - the run is complete and verified: one line, whatever failed
                 said = " ".join(f"{type(e).__name__}: {e}".split())
+                branch = final_revision(p.cfg)
                 raise StoreError(f"the run is complete, but publishing it to {p.cfg.publish.url} failed ({said}); "
-                                 "run `baton publish -c CONFIG` to finish publishing") from None
+                                 f"run `baton publish -c CONFIG{f' --branch {branch}' if branch else ''}` to finish "
+                                 "publishing") from None
 
     dist.on_main(publish_all)
 

@@ -27,8 +27,10 @@ from ..data.reader import Cursor
 from ..errors import BatonError, ResumeError
 from ..guard import resume_folder
 from ..planning.ledger import ledger_key
+from ..runs import split_run
 from ..runtime import dist
-from .drift import Difference, check_resume, hub_commits
+from .branch import branch_start
+from .drift import HORIZON, Difference, check_resume, hub_commits
 from .parts import Parts
 
 log = logging.getLogger(__name__)
@@ -50,7 +52,13 @@ def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
     """Load the baton into the session's parts: from the store's pointer, a local folder, or nothing (step 0)."""
     cfg = s.cfg
     parent = None
+    implied: frozenset[str] = frozenset()
+    no_pointer = False
     folder = resume_folder(mode)  # the folder --resume names, or None for auto and never
+    branch = split_run(s.run)[1]
+    if mode == "never" and branch is not None:
+        raise BatonError(f"cooldown branch {branch} starts from its main run's checkpoint, never from step 0: use "
+                         "--resume auto (what `baton anneal` runs)")
     if mode == "never":
         pointer = dist.on_main(lambda: read_pointer(s.store, s.run))
         if pointer is not None:
@@ -62,26 +70,36 @@ def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
     if folder is None:  # auto
         # Only rank 0 reads the store; the answer (or the error) is shared so every rank agrees.
         pointer, finished = dist.on_main(lambda: _find_baton(s, allow_change)) or (None, None)
-        if pointer is None:
+        source = s.run  # the run whose checkpoint is pulled: a branch's first comes from its main run
+        if pointer is None and branch is not None:
+            pointer = dist.on_main(lambda: branch_start(s.store, s.run))
+            assert pointer is not None  # branch_start raises for a branch it cannot start
+            source, implied, no_pointer = pointer.run, frozenset({HORIZON}), True
+            log.info("cooldown branch %s has no checkpoint of its own: starting from the verified step %d of run %r in "
+                     "%s", branch, pointer.step, source, s.store.describe())
+        elif pointer is None:
             log.info("no checkpoint pointer %s/%s in %s: starting run %r at step 0",
                      s.run, POINTER, s.store.describe(), s.run)
             _fresh_metrics(s)
             return Resumed(no_pointer=True)
-        if pointer.complete and pointer.step >= s.total_steps:
+        elif pointer.complete and pointer.step >= s.total_steps:
             return Resumed(complete=pointer)
-        log.info("auto-resume: %s says step %d at %s/%s", s.store.describe(), pointer.step, s.run, pointer.path)
+        else:
+            log.info("auto-resume: %s says step %d at %s/%s", s.store.describe(), pointer.step, s.run, pointer.path)
         # One download per node; a folder per node, since nodes may share a file system (NFS home).
         folder = s.run_dir / "resume" / f"{folder_name(pointer.step)}{dist.node_suffix()}"
 
         def pull() -> None:
             _tidy_local(s.run_dir, pointer.step)
             if finished != folder:  # else: the copy just pushed and verified, already here
-                pull_checkpoint(s.store, s.run, pointer, folder)
+                pull_checkpoint(s.store, source, pointer, folder)
 
         dist.on_main(pull, local=True)
-        parent = pointer.lineage
+        # A branch's first checkpoint has no parent in its own line: like a run's first, it continues the store
+        # when the branch's ledger knows the session that saved it (_continues).
+        parent = pointer.lineage if source == s.run else None
     st = ckstate.read_state(folder)
-    allowed = _check_drift(s, st, allow_change)
+    allowed = _check_drift(s, st, allow_change, implied)
     ckstate.load_checkpoint(folder, s.model, s.optimizer)
     cursor = Cursor.from_dict(st.cursor)
     if not any(d.key.startswith("data.") for d in allowed):  # else: the data changed on purpose (--allow-change)
@@ -110,7 +128,7 @@ def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
         (s.run_dir / "metrics.jsonl").write_bytes((folder / ckstate.METRICS_FILE).read_bytes())
     log.info("resumed at step %d (samples consumed %d%s)", step, cursor.samples_consumed,
              f"; skipping stream ranges {list(cursor.skipped)}" if cursor.skipped else "")
-    return Resumed(step=step, from_step=step, stats=st.stats, parent=parent)
+    return Resumed(step=step, from_step=step, stats=st.stats, parent=parent, no_pointer=no_pointer)
 
 
 def _find_baton(s: Parts, allow_change: frozenset[str]) -> tuple[Pointer | None, Path | None]:
@@ -194,11 +212,13 @@ def _fresh_metrics(s: Parts) -> None:
         (s.run_dir / "metrics.jsonl").unlink(missing_ok=True)
 
 
-def _check_drift(s: Parts, st: CheckpointState, allow_change: frozenset[str]) -> list[Difference]:
+def _check_drift(s: Parts, st: CheckpointState, allow_change: frozenset[str],
+                 implied: frozenset[str] = frozenset()) -> list[Difference]:
     """Refuse a checkpoint made for another model, geometry or data (every difference in one message);
-    returns the changes allowed on purpose (``--allow-change``) that the checkpoint does show."""
+    returns the changes allowed on purpose (``--allow-change``) that the checkpoint does show. ``implied``: a
+    cooldown branch's own horizon, at its branch point."""
     return check_resume(st, s.cfg.to_dict(), s.total_steps, s.data.fingerprint, s.data.permutation_fingerprint,
-                        s.tokenizer_sha256, allow_change, hub_commits(s.data.manifest))
+                        s.tokenizer_sha256, allow_change, hub_commits(s.data.manifest), implied)
 
 
 def _tidy_local(run_dir: Path, step: int, pulls_only: bool = False) -> None:

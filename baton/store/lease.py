@@ -37,6 +37,7 @@ from typing import Any
 
 from .. import faults
 from ..errors import Fenced, LeaseHeld, StoreError, WriteConflict
+from ..runs import split_run
 from .base import Store, Versioned
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 LEASE = "lease"
 FORMAT = "baton-lease-v1"
 TAKE_OVER_HINT = "`baton train --take-over` (train(..., take_over=True) in Python)"
+ANNEAL_TAKE_OVER_HINT = "the same `baton anneal` with --take-over (anneal(..., take_over=True) in Python)"
 # Why a session took the lease from another, as the log and the ledger say it.
 WHY = {"expired": "its lease had expired", "gone": "its process had ended on this machine",
        "--take-over": "asked with --take-over"}
@@ -140,8 +142,9 @@ def refusal(run: str, rec: LeaseRecord, age: float | None) -> str:
     else:
         renewed = f"last renewed {rec.renewed or rec.started} (renewed while this session watched)"
         expires = f"the lease expires {rec.ttl_s:.0f} s after its last renewal"
+    hint = ANNEAL_TAKE_OVER_HINT if split_run(run)[1] is not None else TAKE_OVER_HINT  # a cooldown branch's session
     return (f"run {run!r} is being trained by {rec.holder()}, since {rec.started}, {renewed}; {expires}. "
-            f"Wait for that session to end (or its lease to expire), or run {TAKE_OVER_HINT} to take the run over: "
+            f"Wait for that session to end (or its lease to expire), or run {hint} to take the run over: "
             "that session is then fenced and stops at its next write")
 
 

@@ -61,12 +61,12 @@ def _ledger_view(cfg: Config | None) -> tuple[list[L.LedgerRecord], Any]:
     """(ledger records, store) of the config's run, or ([], None) without a config."""
     if cfg is None:
         return [], None
-    from ..planning.ledger import read_ledger
+    from ..planning.ledger import read_run_ledgers
     from ..store import RetryPolicy, open_store
 
     try:
         store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
-        return read_ledger(store, cfg.run.name)[0], store
+        return read_run_ledgers(store, cfg.run.name)[0], store  # the cooldown branches' sessions bill the run too
     except BatonError as e:  # the plan still works from flags and config; say what it could not use
         print(f"baton: warning: the store is not readable ({e}); planning without the ledger and the pointer",
               file=sys.stderr)

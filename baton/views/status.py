@@ -11,6 +11,7 @@ from ..config import Config
 from ..errors import BatonError
 from ..planning import ledger as L
 from ..planning.plan import HOUR, PlanInput, iso_by, plan
+from ..runs import parse_anneal, split_run
 from ..store import RetryPolicy, open_store
 
 
@@ -23,6 +24,8 @@ def status(cfg: Config, forecast_curve: bool = False) -> dict[str, Any]:
                            "tokens_per_step": cfg.tokens_per_step}
     history = read_history(store, run, strict=False)
     pointer, records, problems = history.pointer, history.sessions, history.ledger_problems
+    # The quota and the cap count every session billed to the run: the main run's and its branches'.
+    family, family_problems = L.read_run_ledgers(store, run, (records, problems))
     out["pointer_problem"] = history.pointer_problem
     step = pointer.step if pointer else 0
     if pointer and pointer.complete:
@@ -45,7 +48,7 @@ def status(cfg: Config, forecast_curve: bool = False) -> dict[str, Any]:
         b = cfg.budget
         quota = L.quota_from(b)
         now = datetime.now(timezone.utc)
-        t = L.totals(records, quota, b.cap_hours, now)
+        t = L.totals(family, quota, b.cap_hours, now)
         # Each figure with the label `baton plan` gives it (planning.ledger): one source per figure.
         ckpt, ckpt_src = L.checkpoint_cycle(b.ckpt_seconds, records)
         startup, startup_src = L.startup_figure(b.startup_minutes, records)
@@ -75,9 +78,35 @@ def status(cfg: Config, forecast_curve: bool = False) -> dict[str, Any]:
             out["plan_warnings"] = p.warnings
     out["lease"] = lease_status(store, run)
     out["data"] = data_status(cfg, records)
-    t = L.totals(records, L.quota_from(cfg.budget), cfg.budget.cap_hours)
+    main, branch = split_run(run)
+    if branch is not None:
+        at = parse_anneal(branch)
+        out["branch"] = {"name": branch, "main_run": main, "step": at[0] if at else None,
+                         "tokens": at[1] if at else None}
+    else:
+        out["branches"] = branches_status(store, run, cfg.tokens_per_step)
+    t = L.totals(family, L.quota_from(cfg.budget), cfg.budget.cap_hours)
     out["ledger"] = t.to_dict()
-    out["ledger_problems"] = problems
+    out["ledger_problems"] = family_problems
+    return out
+
+
+def branches_status(store, run: str, tokens_per_step: int) -> list[dict[str, Any]]:
+    """Each cooldown branch of ``run`` in the store: where it starts, how far it is, its final validation."""
+    from ..checkpoint.pointer import read_pointer
+
+    out = []
+    for b in L.branch_runs(store, run):
+        name = split_run(b)[1] or ""
+        step, tokens = parse_anneal(name) or (0, 0)
+        try:
+            pointer, problem = read_pointer(store, b), None
+        except BatonError as e:
+            pointer, problem = None, str(e)
+        out.append({"name": name, "run": b, "step": step, "tokens": tokens,
+                    "total_steps": step + tokens // tokens_per_step if tokens_per_step else None,
+                    "pointer_step": pointer.step if pointer else None, "complete": bool(pointer and pointer.complete),
+                    "val_loss": pointer.val_loss if pointer and pointer.complete else None, "problem": problem})
     return out
 
 
