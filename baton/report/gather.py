@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,12 @@ def gather(cfg: Config) -> dict[str, Any]:
                          "mfu": statistics.median(mfu) if mfu else None, "billed_hours": L.billed_hours(rec),
                          "outcome": rec.outcome, "device": rec.device, "accelerators": rec.accelerators,
                          "settings": rec.settings, "took_over": rec.took_over})
+    # What the relay forecast when each session started, beside what happened (planning.ledger.ForecastNote).
+    forecasts = [{"n": i, "session": rec.session, **asdict(rec.forecast)}
+                 for i, rec in enumerate(history.sessions, 1) if rec.forecast is not None]
+    done = next((rec for rec in history.sessions if rec.outcome == "completed" and rec.ended), None)
+    anytime = [{"n": i, "session": rec.session, **asdict(e)} for i, rec in enumerate(history.sessions, 1)
+               for e in rec.anytime]
     val = [{"step": r["step"], "val_loss": r["val_loss"], "val_ppl": r["val_ppl"]} for r in rows if "val_loss" in r]
     final = newest_validation([], pointer)  # the horizon's, which no metrics row carries
     if final is not None:
@@ -58,5 +65,8 @@ def gather(cfg: Config) -> dict[str, Any]:
         "eta": st.get("eta"), "eta_problem": st.get("plan_problem"), "sessions_left": st.get("sessions_left"),
         "stepping_hours_left": st.get("stepping_hours_left"), "ledger": st["ledger"],
         "simulated": st.get("simulated"), "cadence": st.get("cadence"),
+        "planned_steps": st["planned_steps"], "shortened": st["shortened"], "forecasts": forecasts,
+        "anytime": anytime, "finished": {"at": done.ended, "step": done.steps_to, "session": done.session}
+        if done is not None else None,
         "problems": history.ledger_problems,
     }
