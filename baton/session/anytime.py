@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING
 from ..checkpoint.record import Shortened
 from ..errors import BatonError
 from ..model.schedule import decay_begin
-from ..planning.anytime import Verdict, forecast_note, judge, label
+from ..planning.anytime import RUNS, Verdict, forecast_note, judge, label
 from ..planning.ledger import AnytimeEvent, LedgerRecord, measured_rate, read_ledger
-from ..planning.plan import PlanInput, cadence_points, iso, parse_instant, plan
+from ..planning.plan import Plan, PlanInput, cadence_points, iso, parse_instant, plan
 from ..planning.relay import Relay, relay_input
 from ..runtime import dist
 
@@ -58,13 +58,17 @@ class Books:
 
 
 def books(s: Session, step: int) -> Books:
-    """Rank 0: the store's ledger of the run, with this session's own record as it stands at ``step`` (billed to
-    now, its measured rate), and the wall clock."""
-    p = s.parts
-    records = read_ledger(p.store, p.run)[0]
+    """Rank 0: the run's ledger, with this session's own record as it stands at ``step`` (billed to now, its
+    measured rate), and the wall clock. The other sessions' records are read from the store once per session:
+    the run's lease lets no other session write them meanwhile."""
+    p, watch = s.parts, s.anytime
+    own = p.ledger.id if p.ledger is not None else None
+    if watch.earlier is None:
+        watch.earlier = [r for r in read_ledger(p.store, p.run)[0] if r.session != own]
+    records = list(watch.earlier)
     if p.ledger is not None:
         p.ledger.progress(step, s.budget.stepping_seconds)
-        records = [r for r in records if r.session != p.ledger.id] + [p.ledger.rec]
+        records.append(p.ledger.rec)
     return Books(records, datetime.now(timezone.utc))
 
 
@@ -126,10 +130,10 @@ def choose(step: int, horizon: int, planned: int, decay_start: float, next_step:
     return Choice("shortened", best, (now, verdict(best)))
 
 
-def next_decision(inp: PlanInput, stop_step: int) -> int:
+def next_decision(inp: PlanInput, stop_step: int, ahead: Plan | None = None) -> int:
     """The step of the next decision after ``inp.start_step``: the first checkpoint of the plan's first session
-    (a cadence point, else its end), or this session's stop when that comes first."""
-    first = plan(inp).sessions[0]
+    (a cadence point, else its end), or this session's stop when that comes first. ``ahead``: ``plan(inp)``."""
+    first = (ahead or plan(inp)).sessions[0]
     points = [x for x in cadence_points(inp, first.start_step, first.stop_after_steps) if x > inp.start_step]
     nxt = min([*points, first.stop_after_steps])
     return min(nxt, stop_step) if stop_step > inp.start_step else nxt
@@ -145,6 +149,7 @@ class Watch:
 
     last: str | None = None
     said: set[str] = field(default_factory=set)
+    earlier: list[LedgerRecord] | None = None  # the ledger's other sessions, read once (``books``)
 
 
 @dataclass(frozen=True)
@@ -197,14 +202,18 @@ def _on_main(s: Session, step: int, start: bool) -> Outcome | None:
             return None
         finish_by = parse_instant(b.finish_by, "budget.finish_by") if b.finish_by else None
         cache: dict[int, Verdict] = {}
+        ahead = plan(relay.input)
+        # A plan of many sessions costs as many walks per simulated run: fewer runs then, so a decision stays
+        # well under a second at every checkpoint.
+        runs = max(50, min(RUNS, 20_000 // max(1, len(ahead.sessions))))
 
         def verdict(t: int) -> Verdict:
             if t not in cache:
-                cache[t] = judge(relay, t, b.anytime_confidence, finish_by)
+                cache[t] = judge(relay, t, b.anytime_confidence, finish_by, runs=runs)
             return cache[t]
 
         c = choose(step, p.total_steps, cfg.total_steps, cfg.optim.decay_start,
-                   next_decision(relay.input, p.stop_step), verdict)
+                   next_decision(relay.input, p.stop_step, ahead), verdict)
     except BatonError as e:
         log.warning("anytime: no forecast at step %d (%s); the horizon stays %d steps", step, e, p.total_steps)
         return None

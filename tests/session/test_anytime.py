@@ -121,6 +121,9 @@ def test_a_run_whose_quota_is_cut_to_60_percent_ends_annealed_inside_it(make_con
     capsys.readouterr()
     cfg_any = tmp_path / "any.json"
     cfg_any.write_text(json.dumps(config("any", "budget.anytime=true", f"budget.cap_hours={cap}").to_dict()))
+    assert main(["status", "-c", str(cfg_any)]) == 0
+    assert (f"horizon: {horizon} steps, shortened from the planned {PLANNED} by anytime mode at step {k} "
+            "(docs/anytime-mode.md)") in capsys.readouterr().out.splitlines()
     assert main(["report", "-c", str(cfg_any), "--out", str(tmp_path / "report")]) == 0
     md = (tmp_path / "report" / "report.md").read_text()
     assert (f"- progress: step {horizon} of {horizon} ({horizon * TOKENS_PER_STEP:,} of {horizon * TOKENS_PER_STEP:,} "
