@@ -237,14 +237,15 @@ def _act(s: Session, step: int, c: Choice, relay: Relay) -> Outcome | None:
             "step %d (horizon %d) still fits (%s)", step, h, end, now.numbers(), c.next_step, other.horizon,
             other.numbers())
         return None
+    d = decay_begin(h, cfg.optim.decay_start)
     if c.action == "would lengthen":
         line = (f"anytime: at step {step} the planned {planned}-step horizon fits {end} again ({other.numbers()}); "
-                f"it would have trained to {planned} steps, but the run was shortened to {h} and its cooldown "
-                f"began: the horizon stays {h} steps (a run never lengthens once its cooldown started)")
+                f"it would have trained to {planned} steps, but the run was shortened to {h}, its cooldown from step "
+                f"{d}: the horizon stays {h} steps (a shortened run never lengthens)")
     elif c.action == "too late":
         line = (f"anytime: at step {step} the {h}-step horizon does not fit {end} ({now.numbers()}), and its "
-                f"cooldown has begun (from step {decay_begin(h, cfg.optim.decay_start)}): nothing shorter can start "
-                "it now; the run goes on to its horizon")
+                f"cooldown {'has begun' if step > d else 'begins now'} (from step {d}): nothing shorter can start "
+                "one; the run goes on to its horizon")
     else:
         d = decay_begin(c.horizon, cfg.optim.decay_start)
         fit = "fits" if other.fits else f"is the shortest possible and still does not fit {label(conf)}"

