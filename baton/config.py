@@ -361,6 +361,13 @@ class BudgetConfig(_Section):
                                "2026-09-26T00:00Z)")
     cap_hours: float = opt(0.0, "cap on the billed hours of this run, e.g. a budget for tests (0 = none)", ge=0)
     tripwires: list[str] = opt([], "'RATE: target=0.9B' or 'RATE: micro=8, accum=16'")
+    finish_by: str = opt("", "an instant the run must be complete by (ISO 8601, e.g. 2026-10-01T00:00Z); anytime "
+                             "mode forecasts against it")
+    anytime: bool = opt(False, "at every session start and checkpoint, forecast whether the horizon and its wsd "
+                               "cooldown still fit budget.cap_hours / budget.finish_by; when not, shorten the horizon "
+                               "so the cooldown starts now (docs/anytime-mode.md)")
+    anytime_confidence: float = opt(0.9, "anytime mode: the forecast must fit with this probability (0.9: its P90)",
+                                    gt=0, lt=1)
 
     def problems(self, cfg: Config) -> list[str]:
         from .planning.plan import parse_instant
@@ -373,10 +380,30 @@ class BudgetConfig(_Section):
         try:
             if self.quota_reset:
                 parse_instant(self.quota_reset, "budget.quota_reset")
+            if self.finish_by:
+                parse_instant(self.finish_by, "budget.finish_by")
             for w in self.tripwires:
                 parse_tripwire(w)
         except BatonError as e:
             out.append(str(e))
+        return out + (self.anytime_problems(cfg) if self.anytime else [])
+
+    def anytime_problems(self, cfg: Config) -> list[str]:
+        """What anytime mode needs: an end to forecast against, sessions to plan, and a wsd cooldown to move."""
+        out = []
+        if not self.cap_hours and not self.finish_by:
+            out.append("budget.anytime needs an end to forecast against: set budget.cap_hours (the billed hours the "
+                       "run may use) or budget.finish_by (when it must be complete), or budget.anytime = false")
+        if not self.session_hours:
+            out.append("budget.anytime forecasts the relay's sessions: set budget.session_hours (the platform's "
+                       "session limit), or budget.anytime = false")
+        if cfg.optim.schedule != "wsd":
+            out.append(f"budget.anytime moves the start of a wsd cooldown, but optim.schedule is "
+                       f"{cfg.optim.schedule!r} (it decays from the warmup's end, so a shorter horizon would change "
+                       "updates already made): set optim.schedule = \"wsd\", or budget.anytime = false")
+        elif cfg.optim.decay_start >= 1:
+            out.append("budget.anytime needs a cooldown to start: optim.decay_start = 1 leaves none (set it below 1, "
+                       "e.g. 0.8), or budget.anytime = false")
         return out
 
 

@@ -20,8 +20,8 @@ from .model.optimizer import set_lr
 from .model.schedule import factor_for
 from .runtime import dist
 from .runtime.parallel import norm_value
+from .session import anytime, rollback
 from .session import finish as finishing
-from .session import rollback
 from .session.core import Session
 
 log = logging.getLogger(__name__)
@@ -61,11 +61,13 @@ def train_step(s: Session, step: int) -> dict[str, Any]:
 
 
 def train(s: Session) -> dict[str, Any]:
-    """Train from the resumed step to the stop boundary, then hand on the baton."""
+    """Train from the resumed step to the stop boundary, then hand on the baton. (Anytime mode may move both:
+    read them from ``s.parts``.)"""
     p, st, ckpt = s.parts, s.state, s.checkpointer
     step, t0, start = st.step, time.perf_counter(), st.step
     s.progress()
-    while step < p.stop_step:
+    anytime.session_start(s)  # the forecast from here; in anytime mode, the horizon it allows
+    while step < s.parts.stop_step:
         b = s.agree(step)  # signal, time budget, timed cadence, the push in flight: agreed by all ranks
         if b.fenced:
             raise s.fenced()  # another session holds the run now: no checkpoint, no booking, nothing more
@@ -81,7 +83,7 @@ def train(s: Session) -> dict[str, Any]:
             log.info("stopping at step %d: %s", step, st.stopped_by)
             break
         if b.checkpoint_due and step > start and ckpt.last_step != step:
-            ckpt.checkpoint(step)
+            checkpoint(s, step)
         dist.fault_point(p.dist.rank, step)
         faults.point("step", step)
         m = train_step(s, step)
@@ -98,20 +100,26 @@ def train(s: Session) -> dict[str, Any]:
         # A checkpoint due in a run of non-finite steps waits for a finite one, so the pointer keeps
         # naming the state from before the trouble.
         if s.checkpoint_due(step) and not st.stats.consecutive_nonfinite:
-            ckpt.checkpoint(step)
+            checkpoint(s, step)
     elapsed = time.perf_counter() - t0
     if step > start and ckpt.last_step != step:  # a session that trained ends with a verified checkpoint
-        ckpt.checkpoint(step)
+        checkpoint(s, step)
     ckpt.book()
-    if step == p.total_steps:
+    if step == s.parts.total_steps:
         finishing.finish(s)
         if s.trackers is not None and st.val and st.val["val_step"] == step:
             s.trackers.final(step, {k: v for k, v in st.val.items() if k != "val_step"})
     tokens = (step - start) * p.cfg.train.global_batch * p.cfg.data.seq_len
     summary = finishing.summary(s, tokens / elapsed if elapsed > 0 and tokens else 0.0)
     finishing.write_summary(s, summary)
-    log.info("TRAIN DONE step=%d/%d tokens_consumed=%s", step, p.total_steps, f"{summary['tokens_consumed']:,}")
+    log.info("TRAIN DONE step=%d/%d tokens_consumed=%s", step, s.parts.total_steps, f"{summary['tokens_consumed']:,}")
     return summary
+
+
+def checkpoint(s: Session, step: int) -> None:
+    """A checkpoint, once anytime mode has said which horizon it keeps."""
+    anytime.before_checkpoint(s, step)
+    s.checkpointer.checkpoint(step)
 
 
 def track_nonfinite(s: Session, m: dict[str, Any], step: int) -> None:

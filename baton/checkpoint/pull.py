@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 
-from ..errors import LocalDiskError, ResumeError, StoreError
+from ..errors import BatonError, LocalDiskError, ResumeError, StoreError
 from ..hashing import sha256_file
 from ..store import Store
+from .names import STATE_FILE
 from .pointer import Pointer, fallback, read_pointer
+from .record import CheckpointState, parse_state_text
 
-__all__ = ["pull_checkpoint", "read_pointer"]
+__all__ = ["pull_checkpoint", "read_pointer", "stored_state"]
+
+
+def stored_state(store: Store, pointer: Pointer) -> CheckpointState | None:
+    """The pointer's state.json, read from the store (a few kB) when it holds it as the pointer says; else None,
+    and the resume itself reports what is wrong with the checkpoint."""
+    key = f"{pointer.run}/{pointer.path}/{STATE_FILE}"
+    try:
+        text = store.read_text(key)
+    except BatonError:
+        return None
+    if text is None or hashlib.sha256(text.encode("utf-8")).hexdigest() != pointer.files[STATE_FILE]["sha256"]:
+        return None
+    return parse_state_text(text, key)
 
 
 def pull_checkpoint(store: Store, run: str, pointer: Pointer, dest: Path) -> Path:

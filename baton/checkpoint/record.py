@@ -66,6 +66,28 @@ class DataStamp:
         return out
 
 
+@dataclass(frozen=True)
+class Shortened:
+    """Anytime mode's decision (``session.anytime``) that shortened the run's horizon so its cooldown ends inside
+    the quota: kept in every later checkpoint, so every later session trains to ``horizon``."""
+
+    planned: int  # the config's horizon (train.steps, or train.target_tokens in steps) when it was decided
+    horizon: int  # the horizon the run trains to since
+    step: int  # the step it was decided at (its cooldown begins there, or before the next checkpoint)
+    line: str = ""  # the one line that said so, with the forecast's numbers
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Any) -> Shortened | None:
+        """The record in ``d``, or None when it is not one (its reader names it)."""
+        if not (isinstance(d, dict) and all(type(d.get(k)) is int and d[k] >= 0 for k in ("planned", "horizon", "step"))
+                and isinstance(d.get("line", ""), str) and d["step"] < d["horizon"] < d["planned"]):
+            return None
+        return cls(d["planned"], d["horizon"], d["step"], d.get("line", ""))
+
+
 @dataclass
 class CheckpointState:
     step: int
@@ -83,10 +105,19 @@ class CheckpointState:
     # whether a folder left unpushed on disk continues the store's line of work.
     parent: Lineage | None = None
     session: str | None = None
+    shortened: Shortened | None = None  # anytime mode shortened the horizon (``total_steps``) from the config's
 
     @property
     def skipped(self) -> list[list[int]]:
         return [list(r) for r in self.cursor.get("skipped") or ()]
+
+    def horizon(self, config_steps: int) -> int:
+        """The horizon a resume from this checkpoint trains to when the config names ``config_steps``: the one
+        anytime mode shortened it to while the config still names the horizon it shortened, else the config's
+        (a different one is a move of the horizon, which ``session.drift`` allows or refuses as any other)."""
+        if self.shortened is not None and self.shortened.planned == config_steps:
+            return self.shortened.horizon
+        return config_steps
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "step": self.step, "total_steps": self.total_steps, "cursor": self.cursor,
@@ -94,7 +125,8 @@ class CheckpointState:
                 "stats": self.stats.to_json(), "config": self.config, "versions": self.versions,
                 "params": self.params, "data": self.data.to_json(),
                 "parent": self.parent.to_json() if self.parent else None, "session": self.session,
-                "optimizer_param_groups": self.optimizer_param_groups}
+                "optimizer_param_groups": self.optimizer_param_groups,
+                **({"shortened": self.shortened.to_json()} if self.shortened else {})}
 
     @classmethod
     def from_json(cls, state: Any, where: str) -> CheckpointState:
@@ -131,6 +163,9 @@ class CheckpointState:
                                                        for h in data["hub"]))),
             ("parent is not a lineage", state.get("parent") is None or Lineage.from_json(state["parent"]) is not None),
             ("session is not a name", state.get("session") is None or isinstance(state["session"], str)),
+            ("shortened is not a shortened horizon (planned > horizon > step)", state.get("shortened") is None
+             or (Shortened.from_json(state["shortened"]) is not None
+                 and state["shortened"]["horizon"] == state.get("total_steps"))),
         ) if not ok]
         if wrong:
             raise ResumeError(f"{where} is malformed: {'; '.join(wrong)}{DAMAGED}")
@@ -140,7 +175,8 @@ class CheckpointState:
                    data=DataStamp(**{k: data.get(k) for k in ("fingerprint", "tokenizer_sha256", "tokens_per_step")},
                                   hub=tuple(data["hub"]) if data.get("hub") is not None else None),
                    params=state.get("params"), versions=state.get("versions") or {},
-                   parent=Lineage.from_json(state.get("parent")), session=state.get("session"))
+                   parent=Lineage.from_json(state.get("parent")), session=state.get("session"),
+                   shortened=Shortened.from_json(state.get("shortened")))
 
 
 def _ranges(rs: Any) -> bool:

@@ -55,6 +55,10 @@ def run_status(args, cfg: Config) -> int:
     else:
         print(f"pointer: step {s['pointer_step']:,} of {s['total_steps']:,} at {s['pointer_path']}"
               + (" (run complete)" if s["complete"] else ""))
+    if s["shortened"]:
+        cut = s["shortened"]
+        print(f"horizon: {cut['horizon']:,} steps, shortened from the planned {cut['planned']:,} by anytime mode at "
+              f"step {cut['step']:,} (docs/anytime-mode.md)")
     print(f"tokens done: {s['tokens_done']:,} of {s['total_steps'] * s['tokens_per_step']:,}")
     if s["skipped"]:
         print(f"skipped after loss spikes: {len(s['skipped'])} stream range(s) "

@@ -55,6 +55,75 @@ class BookedCheckpoint:
 
 
 @dataclass
+class ForecastNote:
+    """The relay's forecast from where a session started (``planning.anytime.forecast``): what the plan and the
+    simulation predicted then, for ``baton report`` to set beside what happened."""
+
+    step: int  # the step the session started at
+    horizon: int  # the horizon it forecast to
+    at: str  # when (ISO 8601, UTC)
+    plan_eta: str  # `baton plan`'s ETA: no session cut
+    p50: str  # the simulated finish at the ledger's interruption rate (`baton simulate`)
+    p90: str
+    billed_hours_p50: float  # more GPU-hours billed from there
+    billed_hours_p90: float
+
+    @classmethod
+    def from_json(cls, d: Any) -> ForecastNote:
+        kinds: dict[str, type | tuple[type, ...]] = {"step": int, "horizon": int, "billed_hours_p50": (int, float),
+                                                      "billed_hours_p90": (int, float)}
+        if not isinstance(d, dict) or any(not isinstance(d.get(f.name), kinds.get(f.name, str))
+                                          or isinstance(d.get(f.name), bool) for f in fields(cls)):
+            raise ValueError("forecast is not a forecast record")
+        return cls(step=d["step"], horizon=d["horizon"], at=d["at"], plan_eta=d["plan_eta"], p50=d["p50"],
+                   p90=d["p90"], billed_hours_p50=float(d["billed_hours_p50"]),
+                   billed_hours_p90=float(d["billed_hours_p90"]))
+
+
+ANYTIME_ACTIONS = ("shortened", "would lengthen", "too late")
+
+
+@dataclass
+class AnytimeEvent:
+    """A decision of anytime mode (``session.anytime``) that changed the horizon or would have, with its numbers."""
+
+    step: int  # where it was decided
+    action: str  # shortened | would lengthen (it never does once the cooldown began) | too late (nothing fits)
+    horizon_from: int
+    horizon_to: int  # the horizon after it (the same as before unless shortened)
+    planned: int  # the config's horizon
+    confidence: float  # the forecast's (budget.anytime_confidence)
+    billed_hours: float | None  # more GPU-hours billed from there to the horizon it judged, at the confidence
+    hours_left: float | None  # what budget.cap_hours still left then (None: no cap)
+    finish: str | None  # the finish at the confidence (ISO 8601)
+    finish_by: str | None  # budget.finish_by (None: none)
+    line: str  # the one line logged
+    at: str = ""
+
+    @classmethod
+    def from_json(cls, d: Any) -> AnytimeEvent:
+        if not isinstance(d, dict) or d.get("action") not in ANYTIME_ACTIONS or not isinstance(d.get("line"), str):
+            raise ValueError("anytime is not a list of anytime decisions")
+        for k in ("step", "horizon_from", "horizon_to", "planned"):
+            if type(d.get(k)) is not int:
+                raise ValueError(f"anytime: {k} is not a step")
+        for k in ("confidence", "billed_hours", "hours_left"):
+            v = d.get(k)
+            if (v is not None or k == "confidence") and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise ValueError(f"anytime: {k} is not a number")
+        for k in ("finish", "finish_by", "at"):
+            if d.get(k) is not None and not isinstance(d[k], str):
+                raise ValueError(f"anytime: {k} is not a time")
+        def number(k: str) -> float | None:
+            return None if d.get(k) is None else float(d[k])
+
+        return cls(step=d["step"], action=d["action"], horizon_from=d["horizon_from"], horizon_to=d["horizon_to"],
+                   planned=d["planned"], confidence=float(d["confidence"]), billed_hours=number("billed_hours"),
+                   hours_left=number("hours_left"), finish=d.get("finish"), finish_by=d.get("finish_by"),
+                   line=d["line"], at=d.get("at") or "")
+
+
+@dataclass
 class LedgerRecord:
     """One session's record, ``<run>/ledger/<session>.json``: the one definition its writer and readers share."""
 
@@ -96,6 +165,8 @@ class LedgerRecord:
     # The cooldown branch it trained (``baton anneal``: anneal-<step>-<tokens>); None: the main run. Billed against
     # the same quota and cap as the main run's sessions.
     branch: str | None = None
+    forecast: ForecastNote | None = None  # the relay's forecast when it started (None: it could make none)
+    anytime: list[AnytimeEvent] = field(default_factory=list)  # anytime mode's decisions in it (budget.anytime)
 
     @property
     def last_ts(self) -> float:
@@ -139,8 +210,12 @@ class LedgerRecord:
         booked = d.get("checkpoints") or []
         if not isinstance(booked, list) or not all(isinstance(c, dict) and type(c.get("step")) is int for c in booked):
             raise ValueError("checkpoints is not a list of checkpoint records")
+        if d.get("anytime") is not None and not isinstance(d["anytime"], list):
+            raise ValueError("anytime is not a list of anytime decisions")
         known = {f.name for f in fields(cls)}
-        rec = cls(**{k: v for k, v in d.items() if k in known and k != "checkpoints"})
+        rec = cls(**{k: v for k, v in d.items() if k in known and k not in ("checkpoints", "forecast", "anytime")})
+        rec.forecast = ForecastNote.from_json(d["forecast"]) if d.get("forecast") is not None else None
+        rec.anytime = [AnytimeEvent.from_json(e) for e in d.get("anytime") or []]
         rec.checkpoints = [BookedCheckpoint(c["step"], float(c.get("seconds") or 0.0), c.get("verified") is True,
                                             str(c.get("at", ""))) for c in booked]
         if rec.bill_factor is None:
@@ -224,6 +299,14 @@ class SessionLedger:
     def checkpoint(self, step: int, seconds: float, verified: bool, stepping_seconds: float) -> None:
         self.rec.checkpoints.append(BookedCheckpoint(step, round(seconds, 3), verified, _iso_s(time.time())))
         self.heartbeat(step, stepping_seconds)
+
+    def note(self, forecast: ForecastNote | None = None, event: AnytimeEvent | None = None) -> bool:
+        """The relay's forecast at the session's start, or one of anytime mode's decisions, written at once."""
+        if forecast is not None:
+            self.rec.forecast = forecast
+        if event is not None:
+            self.rec.anytime.append(event)
+        return self._write()
 
     def end(self, outcome: str, step: int | None, stepping_seconds: float, requeued: bool = False) -> None:
         now = time.time()

@@ -350,11 +350,13 @@ def curve_minutes(si: SimInput) -> list[float]:
     return [round((w * f + c) / 60, 3) for f in (0.5, 0.63, 0.8, 1.0, 1.25, 1.6, 2.0)]
 
 
-def forecast(inp: Any, records: list[LedgerRecord], runs: int = 500, curve: bool = False) -> dict[str, Any]:
-    """The simulated finish of a run in progress: from where the store is, at the ledger's interruption rate
-    (``baton status``; with ``curve``, also the cost of each cadence, for ``baton report``). A problem is
-    reported, never raised: the status still shows everything else."""
-    rate, why = observe(records).rate_per_hour(inp.session_hours)
+def forecast(inp: Any, records: list[LedgerRecord], runs: int = 500, curve: bool = False,
+             now: float | None = None) -> dict[str, Any]:
+    """The simulated finish of a run in progress: from where the store is, at the ledger's interruption rate as
+    of ``now`` (``baton status``; with ``curve``, also the cost of each cadence, for ``baton report``; the
+    forecast a session records when it starts). A problem is reported, never raised: the status still shows
+    everything else."""
+    rate, why = observe(records, now).rate_per_hour(inp.session_hours)
     try:
         # A plan of many sessions costs as many walks per run: fewer runs then, so a status stays quick.
         runs = max(50, min(runs, 100_000 // max(1, len(plan(inp).sessions))))

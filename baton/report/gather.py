@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,12 @@ def gather(cfg: Config) -> dict[str, Any]:
                          "mfu": statistics.median(mfu) if mfu else None, "billed_hours": L.billed_hours(rec),
                          "outcome": rec.outcome, "device": rec.device, "accelerators": rec.accelerators,
                          "settings": rec.settings, "took_over": rec.took_over})
+    # What the relay forecast when each session started, beside what happened (planning.ledger.ForecastNote).
+    forecasts = [{"n": i, "session": rec.session, **asdict(rec.forecast)}
+                 for i, rec in enumerate(history.sessions, 1) if rec.forecast is not None]
+    done = next((rec for rec in history.sessions if rec.outcome == "completed" and rec.ended), None)
+    anytime = [{"n": i, "session": rec.session, **asdict(e)} for i, rec in enumerate(history.sessions, 1)
+               for e in rec.anytime]
     val = _val(rows, pointer)
     return {
         "run": run, "store": store.describe(), "tokens_per_step": tps, "total_steps": st["total_steps"],
@@ -108,6 +115,9 @@ def gather(cfg: Config) -> dict[str, Any]:
         "eta": st.get("eta"), "eta_problem": st.get("plan_problem"), "sessions_left": st.get("sessions_left"),
         "stepping_hours_left": st.get("stepping_hours_left"), "ledger": st["ledger"],
         "simulated": st.get("simulated"), "cadence": st.get("cadence"),
+        "planned_steps": st["planned_steps"], "shortened": st["shortened"], "forecasts": forecasts,
+        "anytime": anytime, "finished": {"at": done.ended, "step": done.steps_to, "session": done.session}
+        if done is not None else None,
         "problems": history.ledger_problems,
         # Validation against tokens: `baton eval`'s records, and each cooldown branch's (a main run's only).
         "evals": _evals(store, run),

@@ -31,13 +31,16 @@ def write_report(doc: dict[str, Any], out: Path) -> Path:
     lines = [f"# Run report: {doc['run']}", "",
              f"Store: {doc['store']}. Read from the store alone: the pointer's checkpoint (its metrics.jsonl) and the "
              "ledger; steps a running session has not checkpointed yet are not in it.", ""]
+    cut = doc.get("shortened")
     if step is None:
         # "step 0 of N" would read as a checkpoint at step 0; there is none to report progress from.
         lines.append(f"- progress: no verified checkpoint in the store yet (the next `baton train` starts at step 0 "
                      f"of {doc['total_steps']:,})")
     else:
         lines += [f"- progress: step {step:,} of {doc['total_steps']:,} ({step * tps:,} of "
-                  f"{doc['total_steps'] * tps:,} tokens)" + (", run complete" if doc["complete"] else ""),
+                  f"{doc['total_steps'] * tps:,} tokens)" + (", run complete" if doc["complete"] else "")
+                  + (f"; the horizon was shortened from the planned {cut['planned']:,} steps by anytime mode at "
+                     f"step {cut['step']:,}" if cut else ""),
                   f"- last training loss: {_f(doc['last_train_loss'], '.4f')} (step {step})"]
     if doc["val"]:
         v = doc["val"][-1]
@@ -77,7 +80,7 @@ def write_report(doc: dict[str, Any], out: Path) -> Path:
                   "|---|---|---|---|"]
         lines += [f"| {p['step']} | {p['loss']:.4f} | {p['score']:.1f} | {p['windows']} |" for p in doc["spikes"]]
         lines.append("")
-    lines += _branch_lines(doc)
+    lines += _branch_lines(doc) + _predicted(doc) + _anytime(doc)
     lines += _forecast(doc, out, plots, draw)
     lines += ["## Plots", ""] + ([f"![{k}]({p.name})" for k, p in plots.items()] if draw else
                                  [f"Not drawn: matplotlib is not installed ({extras.fix('matplotlib')})."])
@@ -109,6 +112,38 @@ def _branch_lines(doc: dict[str, Any]) -> list[str]:
     lines += ["", "A branch point's loss is the main run's validation there (`train.eval_every`, or `baton eval --step "
               "N`); `baton eval --branch NAME` scores a branch's checkpoints.", ""]
     return lines
+
+
+def _predicted(doc: dict[str, Any]) -> list[str]:
+    """What each session's start forecast (the plan's ETA, the simulated P50 and P90), beside the actual finish."""
+    rows, done = doc.get("forecasts") or [], doc.get("finished")
+    if not rows and not done:
+        return []
+    lines = ["## Predicted and actual finish", ""]
+    if rows:
+        lines += ["| session | from step | to horizon | plan ETA | P50 | P90 | GPU-hours P50 / P90 |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {f['n']} | {f['step']:,} | {f['horizon']:,} | {f['plan_eta']} | {f['p50']} | {f['p90']} | "
+                  f"{f['billed_hours_p50']:.3g} / {f['billed_hours_p90']:.3g} |" for f in rows]
+        lines.append("")
+    first = rows[0] if rows else None
+    predicted = (f"predicted (session {first['n']}'s start, step {first['step']:,} of {first['horizon']:,}): plan ETA "
+                 f"{first['plan_eta']}, P50 {first['p50']}, P90 {first['p90']}") if first else \
+        "no forecast was recorded (a session records one when it starts with a measured rate and budget.session_hours)"
+    actual = (f"actual: finished {done['at']} at step {done['step']:,} (session {done['session']})" if done else
+              f"actual: not finished; step {doc['pointer_step'] or 0:,} of {doc['total_steps']:,} so far")
+    return lines + [f"- {predicted}", f"- {actual}", ""]
+
+
+def _anytime(doc: dict[str, Any]) -> list[str]:
+    """Anytime mode's decisions, as each session logged them (docs/anytime-mode.md)."""
+    events = doc.get("anytime") or []
+    if not events:
+        return []
+    lines = ["## Anytime mode", "", "| session | step | decision | horizon | line |", "|---|---|---|---|---|"]
+    lines += [f"| {e['n']} | {e['step']:,} | {e['action']} | {e['horizon_from']:,} → {e['horizon_to']:,} | "
+              f"{e['line']} |" for e in events]
+    return lines + [""]
 
 
 def _forecast(doc: dict[str, Any], out: Path, plots: dict[str, Path], draw: bool) -> list[str]:

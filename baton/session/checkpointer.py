@@ -245,7 +245,7 @@ class Checkpointer:
             stats=stats,
             data=state_data(cfg.to_dict(), p.data.fingerprint, p.tokenizer_sha256, hub_commits(p.data.manifest)),
             params=p.n_params, versions=versions(), parent=self.parent,
-            session=p.ledger.id if p.ledger is not None else None)
+            session=p.ledger.id if p.ledger is not None else None, shortened=self.state.shortened)
         folder = ckstate.save_checkpoint(p.run_dir / "ckpt" / folder_name(step), model, optimizer, state,
                                          self.metrics_path)
         return folder, cursor, time.time() - t0

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ..checkpoint.history import newest_validation
+from ..checkpoint.record import Shortened
 from ..config import Config
 from ..data.reader import micro_batches
 from ..errors import BatonError, Fenced
@@ -34,6 +35,7 @@ from ..runtime.memory import rss_peak
 from ..runtime.slurm import warning_signal
 from ..tracking import Trackers, check_installed, open_trackers
 from ..tracking.trackers import read_rows
+from . import anytime
 from . import parts as session_parts
 from . import resume as resuming
 from .checkpointer import Checkpointer
@@ -102,6 +104,10 @@ class Session:
         # says when this session runs none of its own.
         self.state.val = newest_validation(read_rows(self.metrics_path)) if resumed.from_step else None
         self.complete_pointer = resumed.complete  # the run is already complete: nothing to train
+        if resumed.total_steps is not None and resumed.total_steps != p.total_steps:
+            p = self.parts = with_horizon(p, resumed.total_steps)  # anytime mode's shorter horizon
+        self.state.shortened = resumed.shortened
+        self.anytime = anytime.start_watch(resumed.shortened)  # anytime mode's last answer (session.anytime)
         self.budget = self._time_budget()
         if p.ledger is not None:
             p.ledger.resumed(self.state.step)
@@ -209,6 +215,9 @@ class Session:
         r = resuming.resume(plain, "auto", self.allow_change)
         st.step, st.stats, st.resumed_from = r.step, r.stats, r.from_step
         st.spikes = detector(cfg.train, st.stats.spike_window)
+        if r.shortened is not None or st.shortened is None:  # else: shortened here since, at the step gone back to
+            st.shortened = r.shortened
+            plain = with_horizon(plain, r.total_steps or cfg.total_steps)
         self.parts = plain.wrapped()
         self.checkpointer.rebase(self.parts, r.parent)
         if self._bar is not None:
@@ -225,6 +234,16 @@ class Session:
         if self.parts.dist.is_main:
             with open(self.metrics_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")
+
+    def set_horizon(self, total_steps: int, shortened: Shortened | None) -> None:
+        """All ranks: train to ``total_steps`` from here (anytime mode's decision); every later checkpoint keeps
+        ``shortened``, the record of it."""
+        self.parts = with_horizon(self.parts, total_steps)
+        self.checkpointer.parts = self.parts
+        self.state.shortened = shortened
+        if self._bar is not None:
+            self._bar.total = self.parts.stop_step
+            self._bar.refresh()
 
     def fenced(self) -> Fenced:
         """The error every rank stops with once rank 0's lease is lost: rank 0's reason (others learn it there)."""
@@ -346,6 +365,13 @@ class Session:
         if self.trackers is not None:
             self.trackers.close(complete=outcome == "completed")
         self._signals.restore()
+
+
+def with_horizon(p: session_parts.Parts, total_steps: int) -> session_parts.Parts:
+    """The parts training to ``total_steps``: this session stops there at the latest (or earlier, where its
+    --stop-after-steps says). The schedule follows, a pure function of (step, horizon)."""
+    stop = min(p.stop_step, total_steps) if p.stop_step < p.total_steps else total_steps
+    return dataclasses.replace(p, total_steps=total_steps, stop_step=stop)
 
 
 def _row_digest(row) -> float:

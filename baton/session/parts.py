@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,9 +11,9 @@ from typing import Any
 
 import torch
 
-from ..checkpoint.names import STATE_FILE
-from ..checkpoint.pointer import Pointer, pointer_key, read_pointer
-from ..checkpoint.record import CheckpointState, parse_state_text, read_state
+from ..checkpoint.pointer import pointer_key, read_pointer
+from ..checkpoint.pull import stored_state
+from ..checkpoint.record import CheckpointState, read_state
 from ..config import Config
 from ..data.permutation import Permutation
 from ..data.pull import DataSource, ensure_data
@@ -201,33 +200,24 @@ def _data_drift(cfg: Config, store: Store, resume: str, allow_change: frozenset[
         state: CheckpointState | None
         if resume == "auto":
             pointer = read_pointer(store, cfg.run.name)
-            if pointer is None or (pointer.complete and pointer.step >= cfg.total_steps):
-                return  # a fresh start, or a complete run that trains nothing
-            cursor, step, state = pointer.cursor, pointer.step, _stored_state(store, pointer)
+            if pointer is None:
+                return  # a fresh start
+            state = stored_state(store, pointer)
+            horizon = state.horizon(cfg.total_steps) if state is not None else cfg.total_steps
+            if pointer.complete and pointer.step >= horizon:
+                return  # a complete run that trains nothing
+            cursor, step = pointer.cursor, pointer.step
         else:
             try:
                 state = read_state(Path(resume))
             except BatonError:
                 return  # the resume reports an unreadable checkpoint in its own words
-            cursor, step = state.cursor, state.step
+            cursor, step, horizon = state.cursor, state.step, state.horizon(cfg.total_steps)
         n_train = WindowDataset.train_windows(manifest["total_tokens"], cfg.data.seq_len, cfg.data.val_windows)
         order = Permutation(n_train, cfg.data.shuffle_seed, 0).fingerprint() if n_train >= 1 else None
-        check_before_pull(state, cursor, step, cfg.to_dict(), cfg.total_steps, manifest, order, allow_change)
+        check_before_pull(state, cursor, step, cfg.to_dict(), horizon, manifest, order, allow_change)
 
     return check
-
-
-def _stored_state(store: Store, pointer: Pointer) -> CheckpointState | None:
-    """The pointer's state.json when the store holds it as the pointer says (a few kB); else None, and the
-    resume itself reports what is wrong with the checkpoint."""
-    key = f"{pointer.run}/{pointer.path}/{STATE_FILE}"
-    try:
-        text = store.read_text(key)
-    except BatonError:
-        return None
-    if text is None or hashlib.sha256(text.encode("utf-8")).hexdigest() != pointer.files[STATE_FILE]["sha256"]:
-        return None
-    return parse_state_text(text, key)
 
 
 def _open_ledger(cfg: Config, store: Store, info: dist.DistInfo, device: torch.device, started: float,

@@ -21,8 +21,8 @@ from ..checkpoint import state as ckstate
 from ..checkpoint.cycle import finish_pruning, push_checkpoint
 from ..checkpoint.names import folder_name, parse_step
 from ..checkpoint.pointer import POINTER, Lineage, Pointer, read_pointer
-from ..checkpoint.pull import pull_checkpoint
-from ..checkpoint.record import CheckpointState, Stats
+from ..checkpoint.pull import pull_checkpoint, stored_state
+from ..checkpoint.record import CheckpointState, Shortened, Stats
 from ..data.reader import Cursor
 from ..errors import BatonError, ResumeError
 from ..guard import resume_folder
@@ -46,6 +46,8 @@ class Resumed:
     parent: Lineage | None = None  # the lineage of the verified checkpoint resumed from
     complete: Pointer | None = None  # the pointer of a run already complete: nothing to train
     no_pointer: bool = False  # the store was read and holds no pointer of this run (--resume PATH does not read it)
+    total_steps: int | None = None  # the horizon it trains to (None: the config's); anytime mode's shorter one
+    shortened: Shortened | None = None  # the checkpoint's record of that shortening
 
 
 def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
@@ -55,6 +57,7 @@ def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
     implied: frozenset[str] = frozenset()
     no_pointer = False
     folder = resume_folder(mode)  # the folder --resume names, or None for auto and never
+    source = s.run  # the run whose checkpoint is loaded: a branch's first comes from its main run
     branch = split_run(s.run)[1]
     if mode == "never" and branch is not None:
         raise BatonError(f"cooldown branch {branch} starts from its main run's checkpoint, never from step 0: use "
@@ -70,7 +73,6 @@ def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
     if folder is None:  # auto
         # Only rank 0 reads the store; the answer (or the error) is shared so every rank agrees.
         pointer, finished = dist.on_main(lambda: _find_baton(s, allow_change)) or (None, None)
-        source = s.run  # the run whose checkpoint is pulled: a branch's first comes from its main run
         if pointer is None and branch is not None:
             pointer = dist.on_main(lambda: branch_start(s.store, s.run))
             assert pointer is not None  # branch_start raises for a branch it cannot start
@@ -82,8 +84,8 @@ def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
                      s.run, POINTER, s.store.describe(), s.run)
             _fresh_metrics(s)
             return Resumed(no_pointer=True)
-        elif pointer.complete and pointer.step >= s.total_steps:
-            return Resumed(complete=pointer)
+        elif pointer.complete and pointer.step >= _complete_at(s, pointer):
+            return Resumed(complete=pointer, total_steps=pointer.step)
         else:
             log.info("auto-resume: %s says step %d at %s/%s", s.store.describe(), pointer.step, s.run, pointer.path)
         # One download per node; a folder per node, since nodes may share a file system (NFS home).
@@ -99,7 +101,10 @@ def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
         # when the branch's ledger knows the session that saved it (_continues).
         parent = pointer.lineage if source == s.run else None
     st = ckstate.read_state(folder)
-    allowed = _check_drift(s, st, allow_change, implied)
+    # Anytime mode's shorter horizon, kept in the run's own checkpoints while the config names the one it cut; a
+    # cooldown branch's first start (from its main run's checkpoint) trains to the branch's own.
+    horizon = st.horizon(s.cfg.total_steps) if source == s.run else s.cfg.total_steps
+    allowed = _check_drift(s, st, horizon, allow_change, implied)
     ckstate.load_checkpoint(folder, s.model, s.optimizer)
     cursor = Cursor.from_dict(st.cursor)
     if not any(d.key.startswith("data.") for d in allowed):  # else: the data changed on purpose (--allow-change)
@@ -128,7 +133,17 @@ def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
         (s.run_dir / "metrics.jsonl").write_bytes((folder / ckstate.METRICS_FILE).read_bytes())
     log.info("resumed at step %d (samples consumed %d%s)", step, cursor.samples_consumed,
              f"; skipping stream ranges {list(cursor.skipped)}" if cursor.skipped else "")
-    return Resumed(step=step, from_step=step, stats=st.stats, parent=parent, no_pointer=no_pointer)
+    return Resumed(step=step, from_step=step, stats=st.stats, parent=parent, no_pointer=no_pointer, total_steps=horizon,
+                   shortened=st.shortened if horizon != s.cfg.total_steps else None)
+
+
+def _complete_at(s: Parts, pointer: Pointer) -> int:
+    """The horizon a complete pointer is measured against: the config's, or the shorter one anytime mode gave
+    the run (its state.json, read on rank 0)."""
+    if pointer.step >= s.cfg.total_steps:
+        return s.cfg.total_steps
+    state = dist.on_main(lambda: stored_state(s.store, pointer))
+    return state.horizon(s.cfg.total_steps) if state is not None else s.cfg.total_steps
 
 
 def _find_baton(s: Parts, allow_change: frozenset[str]) -> tuple[Pointer | None, Path | None]:
@@ -162,7 +177,7 @@ def _finish_interrupted_push(s: Parts, pointer: Pointer | None, allow_change: fr
             log.info("%s does not continue the store's %s (another line of work); not pushed", local,
                      f"step {pointer.step}" if pointer else "run, which has no checkpoint")
             return pointer, None
-        _check_drift(s, st, allow_change)
+        _check_drift(s, st, st.horizon(s.cfg.total_steps), allow_change)
     except Exception as e:  # noqa: BLE001 - a folder that cannot be judged is not pushed; the pointer stays
         log.warning("not pushing %s, left by an earlier session: %s", local, e)
         return pointer, None
@@ -212,12 +227,12 @@ def _fresh_metrics(s: Parts) -> None:
         (s.run_dir / "metrics.jsonl").unlink(missing_ok=True)
 
 
-def _check_drift(s: Parts, st: CheckpointState, allow_change: frozenset[str],
+def _check_drift(s: Parts, st: CheckpointState, horizon: int, allow_change: frozenset[str],
                  implied: frozenset[str] = frozenset()) -> list[Difference]:
     """Refuse a checkpoint made for another model, geometry or data (every difference in one message);
     returns the changes allowed on purpose (``--allow-change``) that the checkpoint does show. ``implied``: a
     cooldown branch's own horizon, at its branch point."""
-    return check_resume(st, s.cfg.to_dict(), s.total_steps, s.data.fingerprint, s.data.permutation_fingerprint,
+    return check_resume(st, s.cfg.to_dict(), horizon, s.data.fingerprint, s.data.permutation_fingerprint,
                         s.tokenizer_sha256, allow_change, hub_commits(s.data.manifest), implied)
 
 

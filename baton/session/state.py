@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..checkpoint.record import Stats
+from ..checkpoint.record import Shortened, Stats
 from .spikes import SpikeDetector
 
 __all__ = ["Stats", "TrainState"]
@@ -23,3 +23,6 @@ class TrainState:
     # checkpoint it resumed from had (checkpoint.history.newest_validation), so a summary always names one.
     val: dict[str, Any] | None = None
     spikes: SpikeDetector = field(default_factory=SpikeDetector)  # judges each step's loss (train.spike_*)
+    # Anytime mode shortened the horizon (session.anytime): in the checkpoint it resumed from, or decided here;
+    # every checkpoint keeps it.
+    shortened: Shortened | None = None

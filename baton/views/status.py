@@ -4,7 +4,6 @@ pointer, verified checkpoints, tokens, skipped ranges, measured rate, ETA, the d
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from typing import Any
 
 from ..config import Config
@@ -28,6 +27,15 @@ def status(cfg: Config, forecast_curve: bool = False) -> dict[str, Any]:
     family, family_problems = L.read_run_ledgers(store, run, (records, problems))
     out["pointer_problem"] = history.pointer_problem
     step = pointer.step if pointer else 0
+    out["planned_steps"], out["shortened"] = cfg.total_steps, None
+    if pointer is not None:
+        from ..checkpoint.pull import stored_state
+
+        # Anytime mode's shorter horizon, kept in the checkpoint (session.anytime), is the run's from then on.
+        state = stored_state(store, pointer)
+        if state is not None and state.horizon(cfg.total_steps) != cfg.total_steps:
+            out["total_steps"] = state.horizon(cfg.total_steps)
+            out["shortened"] = state.shortened.to_json() if state.shortened else None
     if pointer and pointer.complete:
         # A complete run's horizon is where it completed, whatever horizon the config given here names.
         out["total_steps"] = step
@@ -45,28 +53,14 @@ def status(cfg: Config, forecast_curve: bool = False) -> dict[str, Any]:
     out["stepping_hours_left"] = (out["steps_left"] * cfg.tokens_per_step / rate / HOUR) if rate else None
     out["eta"] = None
     if rate and out["steps_left"] and cfg.budget.session_hours:
-        b = cfg.budget
-        quota = L.quota_from(b)
-        now = datetime.now(timezone.utc)
-        t = L.totals(family, quota, b.cap_hours, now)
-        # Each figure with the label `baton plan` gives it (planning.ledger): one source per figure.
-        ckpt, ckpt_src = L.checkpoint_cycle(b.ckpt_seconds, records)
-        startup, startup_src = L.startup_figure(b.startup_minutes, records)
-        ckpt_s = ckpt or 0.0
-        from ..planning.cadence import resolve_cadence
+        from ..planning.relay import relay_input
 
-        cadence = resolve_cadence(b.ckpt_minutes, records, ckpt_s, b.session_hours,
-                                  b.session_hours - b.margin_minutes / 60, ckpt_src)
-        out["cadence"] = cadence.to_dict()
-        out["sources"] = {"rate": rate_src, "ckpt": ckpt_src, "startup": startup_src}
-        inp = PlanInput(
-            total_steps=cfg.total_steps, tokens_per_step=cfg.tokens_per_step, rate=rate,
-            session_hours=b.session_hours, margin_hours=b.margin_minutes / 60,
-            startup_seconds=startup or 0.0,
-            ckpt_seconds=ckpt_s, ckpt_every=cfg.train.ckpt_every, ckpt_every_s=cadence.minutes * 60,
-            start_step=step, quota_hours=b.quota_hours, quota_period_hours=b.quota_period_days * 24,
-            quota_reset=quota.reset if quota else None, used_hours=t.period_hours or 0.0,
-            cap_left_hours=t.cap_left, bill_factor=b.bill_factor or records[-1].bill_factor, start=now)
+        # Each figure with the label `baton plan` gives it (planning.ledger): one source per figure.
+        relay = relay_input(cfg.budget, out["total_steps"], cfg.tokens_per_step, cfg.train.ckpt_every, step, records,
+                            rate, rate_src, billed=family)
+        out["cadence"] = relay.cadence.to_dict()
+        out["sources"] = relay.sources
+        inp = relay.input
         p = _plan_or_problem(out, inp)
         if p is not None:
             from ..planning.simulate import forecast
