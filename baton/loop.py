@@ -65,6 +65,7 @@ def train(s: Session) -> dict[str, Any]:
     p, st, ckpt = s.parts, s.state, s.checkpointer
     step, t0, start = st.step, time.perf_counter(), st.step
     s.progress()
+    s.stepping_begins()
     while step < p.stop_step:
         b = s.agree(step)  # signal, time budget, timed cadence, the push in flight: agreed by all ranks
         if b.fenced:

@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,7 +79,10 @@ def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
             if finished != folder:  # else: the copy just pushed and verified, already here
                 pull_checkpoint(s.store, s.run, pointer, folder)
 
+        t = time.time()
         dist.on_main(pull, local=True)
+        if s.startup is not None:
+            s.startup.pull += time.time() - t
         parent = pointer.lineage
     st = ckstate.read_state(folder)
     allowed = _check_drift(s, st, allow_change)
