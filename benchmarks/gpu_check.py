@@ -180,6 +180,8 @@ def case_config(args, name: str, extra: list[str] = ()):
 
 def case_sets(args, name: str, extra: list[str] = ()):
     """The --set overrides of a case on top of check.toml, its sizes and its folder."""
+    from baton.config import load_config
+
     group, overrides = CASES[name]
     size = SIZES[group][1 if args.smoke else 0]
     ref = load_config(ROOT / "configs" / "ref-106m.toml").model
