@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import tempfile
 from pathlib import Path
@@ -39,7 +40,9 @@ def gather(cfg: Config) -> dict[str, Any]:
                          "steps_to": hi, "tokens_per_s": rec.tokens_per_s,
                          "mfu": statistics.median(mfu) if mfu else None, "billed_hours": L.billed_hours(rec),
                          "outcome": rec.outcome, "device": rec.device, "accelerators": rec.accelerators,
-                         "settings": rec.settings, "took_over": rec.took_over})
+                         "settings": rec.settings, "took_over": rec.took_over,
+                         "startup": dataclasses.asdict(rec.startup) if rec.startup is not None else None,
+                         "startup_seconds": rec.startup_seconds})
     val = [{"step": r["step"], "val_loss": r["val_loss"], "val_ppl": r["val_ppl"]} for r in rows if "val_loss" in r]
     final = newest_validation([], pointer)  # the horizon's, which no metrics row carries
     if final is not None:

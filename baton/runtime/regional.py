@@ -11,9 +11,12 @@ How: each decoder layer's ``forward`` is replaced, on the instance, by one that 
 ``CompiledOrEager`` of the block class's own ``forward`` (so a compile failure falls back to eager for every
 layer at once, said in one line, as for the whole model). Only with gradients on: a held-out evaluation
 (``torch.no_grad``) runs the layers eagerly, so its other batch shape never makes dynamo compile a second,
-dynamic-shape variant that training could then run. Activation checkpointing recomputes under gradients, so
-the recomputed forward is the compiled one too, as checkpointing requires. The layers are found again at
-every call (a rollback builds a new model), and installing on a layer that has it already does nothing.
+dynamic-shape variant that training could then run. Under activation checkpointing the block's forward is
+transformers' checkpointing wrapper, so dynamo traces the checkpoint with the block, where it can follow it (a
+forward with a side effect it cannot replay in the backward, such as the hub-kernel attention wrapper of the
+``kernels`` package, makes it run the block eagerly, as the layers of a whole-model compile then run too). The
+layers are found again at every call (a rollback builds a new model), and installing on a layer that has it
+already does nothing.
 
 Sharing one compiled function across layers needs dynamo to treat a module's parameters as inputs
 (``inline_inbuilt_nn_modules``, the default from torch 2.5); on an older torch each layer would be compiled

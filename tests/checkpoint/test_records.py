@@ -61,11 +61,12 @@ def test_state_ledger_and_eval_records_round_trip_exactly():
     # ``scheduler`` was written and never read: it is no longer written.
     assert back == {k: v for k, v in raw.items() if k != "scheduler"}
     raw = _load("ledger-v1.json")
-    # ``kind``: preflight stages' own; the SLURM job's fields, the resolved settings and the lease are written since;
-    # an old record reads as outside SLURM, with no settings recorded, as a session that held no lease of the run.
+    # ``kind``: preflight stages' own; the SLURM job's fields, the resolved settings, the lease and the start-up's
+    # split are written since; an old record reads as outside SLURM, with no settings recorded, as a session that
+    # held no lease of the run and measured its start-up whole.
     assert LedgerRecord.from_json(raw).to_json() == {**raw, "kind": None, "slurm_job": None, "slurm_array_task": None,
                                                      "slurm_restarts": None, "requeued": False, "settings": {},
-                                                     "epoch": None, "took_over": None}
+                                                     "epoch": None, "took_over": None, "startup": None}
     raw = _load("eval-v1.json")
     ev = EvalRecord.from_json(raw)
     assert ev is not None and ev.to_json() == raw
