@@ -268,6 +268,16 @@ def load(blob: bytes, folder: Path | None = None) -> str:
     return f"{said}, {placed} C++ kernels"
 
 
+def graphs_compiled() -> int:
+    """Graphs inductor has compiled in this process for want of a cached one (its own counter; 0 where this torch
+    keeps none): a warm start that still compiles some shows here."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return 0
+    return int(counters["inductor"].get("fxgraph_cache_miss", 0))
+
+
 def now() -> float:
     """A time to pass to ``native_kernels`` for what is compiled from here on (file times are whole seconds on
     some file systems)."""

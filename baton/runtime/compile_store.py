@@ -76,6 +76,7 @@ class Pulled:
     path: Path | None
     note: str
     record: CacheRecord | None = None
+    missing: bool = False  # the store holds none for this key: how every run starts, not a problem
 
 
 def pull(store: Store, run: str, key: str, dest: Path) -> Pulled:
@@ -88,7 +89,7 @@ def pull(store: Store, run: str, key: str, dest: Path) -> Pulled:
         return Pulled(None, f"compile cache: could not read {where} ({one_line(e, 200)}); compiling cold")
     if text is None:
         return Pulled(None, f"compile cache: none in {store.describe()} for this torch, device and model "
-                            f"(key {key[:12]}); compiling cold, and pushing one after the first step")
+                            f"(key {key[:12]}); compiling cold, and pushing one after the first step", missing=True)
     try:
         rec = CacheRecord.from_json(json.loads(text))
     except (ValueError, TypeError) as e:

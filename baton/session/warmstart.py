@@ -85,6 +85,7 @@ class CompileCache:
         self._pull: threading.Thread | None = None
         self._pulled: compile_store.Pulled | None = None
         self._push: threading.Thread | None = None
+        self._misses = 0  # inductor's count of graphs compiled anew, when the cache was loaded
         self.enabled = self.compiled and cfg.train.compile_cache
         if self.enabled:
             why = cc.unavailable()
@@ -95,19 +96,20 @@ class CompileCache:
         if self.enabled:
             self.parts = cc.key_parts(cfg, device, info.world)
             self.key = cc.cache_key(self.parts)
-        self.path = run_dir / "compile-cache" / f"{self.key}{dist.node_suffix()}.bin"
+        # Where the node's first process puts the pulled blob (one per node: nodes may share a file system).
+        self.path = run_dir / "compile-cache" / f"{self.key}{dist.node_suffix()}.bin" if self.key else None
 
     # ------------------------------------------------------------------------------------------ pull
     def start_pull(self, store: Store) -> None:
         """Each node's first process: download the blob in the background (beside the data and checkpoint)."""
         if not self.enabled or not dist.is_local_main():
             return
-        key = self.key
-        assert key is not None
+        key, path = self.key, self.path
+        assert key is not None and path is not None
 
         def pull() -> None:
             try:
-                self._pulled = compile_store.pull(store, self.run, key, self.path)
+                self._pulled = compile_store.pull(store, self.run, key, path)
             except Exception as e:  # noqa: BLE001 - whatever goes wrong, the session compiles cold
                 self._pulled = compile_store.Pulled(None, f"compile cache: the pull failed ({type(e).__name__}: "
                                                           f"{one_line(e, 200)}); compiling cold")
@@ -125,7 +127,7 @@ class CompileCache:
     def load(self) -> float:
         """Every process, before the first compile: wait for the node's pull, then load the blob when there is
         one. Returns the seconds spent waiting for the pull."""
-        if not self.enabled:
+        if not self.enabled or self.path is None:
             return 0.0
         t0 = time.time()
         dist.on_main(self._wait, local=True)
@@ -133,8 +135,7 @@ class CompileCache:
         pulled = self._pulled
         if pulled is not None and self.main:
             # No cache yet is how every run starts: said plainly. A cache that is there and unusable is a warning.
-            missing = pulled.path is None and pulled.record is None and " none in " in pulled.note
-            log.log(logging.INFO if pulled.path or missing else logging.WARNING, "%s", pulled.note)
+            log.log(logging.INFO if pulled.path or pulled.missing else logging.WARNING, "%s", pulled.note)
         if not self.path.is_file():  # nothing pulled (said by the node's first process)
             return waited
         try:
@@ -144,6 +145,7 @@ class CompileCache:
             log.warning("%s", self.note)
             return waited
         self.kind, self.note = "warm", f"compile cache: loaded {said} (key {str(self.key)[:12]})"
+        self._misses = cc.graphs_compiled()
         if self.main:
             log.info("%s", self.note)
         return waited
@@ -152,8 +154,16 @@ class CompileCache:
     def after_first_step(self, store: Store, micro_loss: Any, session: str | None) -> None:
         """Rank 0, after the first compiled step of a cold compile: collect the artifacts here (a fraction of a
         second) and push them in the background."""
-        if not (self.enabled and self.main and self.kind == "cold") or self._push is not None:
+        if not (self.enabled and self.main) or self._push is not None:
             return
+        if self.kind == "warm":
+            anew = cc.graphs_compiled() - self._misses
+            if anew <= 0:
+                return
+            # Loaded, yet some graph was not in it: the step compiled, and the next session gets the whole set.
+            self.kind = "cold"
+            self.note = f"{self.note}, yet {anew} graph(s) were compiled anew"
+            log.info("%s", self.note)
         parts = compiled_parts(micro_loss)
         if parts and all(f.fell_back for f in parts):
             self.push_note = "compile cache: nothing pushed, the compile fell back to eager"
@@ -162,7 +172,8 @@ class CompileCache:
             blob = cc.collect(self._since)
             kernels = len(cc.unpack(blob)[1]) if blob else 0
         except Exception as e:  # noqa: BLE001 - a cache is an optimisation: never the session's end
-            self.push_note = f"compile cache: could not collect this session's artifacts ({type(e).__name__}: {one_line(e, 200)})"
+            self.push_note = (f"compile cache: could not collect this session's artifacts ({type(e).__name__}: "
+                              f"{one_line(e, 200)})")
             log.warning("%s", self.push_note)
             return
         if blob is None:
@@ -177,13 +188,13 @@ class CompileCache:
             try:
                 rec = compile_store.push(store, self.run, key, self.parts, blob, kernels, self.verify_mode, session)
             except Exception as e:  # noqa: BLE001 - the next session compiles cold; this one trains on
-                self.push_note = (f"compile cache: the push of {len(blob) / 2**20:.1f} MiB failed ({type(e).__name__}: "
-                             f"{one_line(e, 200)}); the next session compiles cold")
+                self.push_note = (f"compile cache: the push of {len(blob) / 2**20:.1f} MiB failed "
+                                  f"({type(e).__name__}: {one_line(e, 200)}); the next session compiles cold")
                 log.warning("%s", self.push_note)
                 return
             self.pushed = {"key": key, "bytes": rec.size, "kernels": kernels, "seconds": round(time.time() - t0, 3)}
-            self.push_note = (f"compile cache: pushed and verified {rec.size / 2**20:.1f} MiB ({kernels} C++ kernels) "
-                         f"as {compile_store.blob_key(self.run, key)}")
+            self.push_note = (f"compile cache: pushed and verified {rec.size / 2**20:.1f} MiB ({kernels} C++ "
+                              f"kernels) as {compile_store.blob_key(self.run, key)}")
             log.info("%s", self.push_note)
 
         self._push = threading.Thread(target=push, name="baton-compile-cache-push", daemon=False)
@@ -199,7 +210,7 @@ class CompileCache:
         if self._pull is not None:
             self._pull.join()
         self.finish_push()
-        if dist.is_local_main():
+        if self.path is not None and dist.is_local_main():
             compile_store.remove_local(self.path)
 
     def said(self) -> str | None:

@@ -134,6 +134,7 @@ def test_an_unusable_cache_in_the_store_is_a_note_and_nothing_to_load(tmp_path, 
     dest.write_bytes(b"left by an earlier session")
     got = compile_store.pull(store, "run", "k" * 32, dest)
     assert got.path is None and NOTES[how] in got.note and "\n" not in got.note
+    assert got.missing == (how == "missing")  # only a cache never pushed is how every run starts, not a problem
     assert not dest.exists()  # nothing stale is left to be loaded
 
 
@@ -205,3 +206,29 @@ def test_a_session_without_compile_pulls_nothing(make_config, tmp_path):
                                         "pushed": None}
     assert summary["startup"]["compile"] == "off" and summary["startup"]["compile_seconds"] is None
     assert not (tmp_path / "store" / "test" / compile_store.CACHE_DIR).exists()
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_first_compiled_step_pushes_in_the_background_and_a_failed_push_is_a_note(make_config, monkeypatch,
+                                                                                       tmp_path, fails):
+    monkeypatch.setattr(compiled, "BACKEND", "eager")  # dynamo traces; torch then has no artifacts of its own
+    blob = cc.pack(b"what torch would hand over", [(KERNEL_A, b"kernel")])
+    monkeypatch.setattr(cc, "collect", lambda since: blob)
+    if fails:
+        def refuse(*a, **k):
+            raise compile_store.BatonError("the store said no (HTTP 503)")
+
+        monkeypatch.setattr(compile_store, "push_folder", refuse)
+    summary = baton.train(load_config(make_config(), ["train.compile=true", "train.steps=3"]), progress=False)
+    cache = summary["compile_cache"]
+    assert summary["steps_done"] == 3 and cache["kind"] == "cold"
+    rec = LocalStore(tmp_path / "store").read_text(compile_store.record_key("test", cache["key"]))
+    if fails:
+        assert cache["pushed"] is None and rec is None
+        assert cache["push_note"] == ("compile cache: the push of 0.0 MiB failed (BatonError: the store said no "
+                                      "(HTTP 503)); the next session compiles cold")
+        return
+    assert cache["pushed"]["bytes"] == len(blob) and cache["pushed"]["kernels"] == 1
+    assert json.loads(rec)["sha256"] == compile_store.sha256_bytes(blob)
+    assert (tmp_path / "store" / compile_store.blob_key("test", cache["key"])).read_bytes() == blob
+    assert summary["startup"]["note"].endswith(f"as {compile_store.blob_key('test', cache['key'])}")
