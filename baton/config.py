@@ -255,6 +255,12 @@ class TrainConfig(_Section):
     precision: Precision = opt("fp32", "fp16 runs with a GradScaler; auto: bf16 on Ampere+, fp16 on older GPUs, "
                                        "fp32 on CPU")
     compile: Literal["auto"] | bool = opt("auto", "torch.compile model + loss (auto: on for CUDA, off on CPU)")
+    compile_scope: Literal["blocks", "model"] = opt(
+        "blocks", "what train.compile compiles: blocks (the decoder block once, shared by every layer, and the loss: "
+                  "a fraction of the cold compile) or model (the model and the loss as one graph)")
+    compile_cache: bool = opt(True, "carry torch.compile's artifacts with the run: pushed to the store after a "
+                                    "session's first compiled step, loaded by the next session before it compiles "
+                                    "(code the sessions run: trust the store as you trust the code)")
     fused_ce: Literal["auto"] | bool = opt("auto", "output head + cross-entropy in one kernel (liger-kernel); auto: "
                                                    "on CUDA, if installed, not under fp16")
     deterministic: bool = opt(False, "deterministic kernels + fixed cuBLAS workspace: bit-identical resume on CUDA, "

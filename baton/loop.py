@@ -67,6 +67,7 @@ def train(s: Session) -> dict[str, Any]:
     step, t0, start = st.step, time.perf_counter(), st.step
     s.progress()
     anytime.session_start(s)  # the forecast from here; in anytime mode, the horizon it allows
+    s.stepping_begins()
     while step < s.parts.stop_step:
         b = s.agree(step)  # signal, time budget, timed cadence, the push in flight: agreed by all ranks
         if b.fenced:

@@ -43,8 +43,16 @@ below 256, so the loss has somewhere to fall: from ln 49,152 = 10.8 towards ln 2
               prepare, bench (two cells), preflight --scale real (every stage), train stopped by SIGTERM after
               its first steps, train again on an emptied run folder (it must resume where the first stopped and
               finish), export, eval, sample. Each must exit 0 and the preflight verdict must be PASS.
+  attn_kernel model.attn = auto (on Hopper: SDPA's cuDNN kernel first, then flash), timed like base, then one
+              step under torch.profiler: the attention kernels that ran, by name, and which backend they are
+              (cudnn, flash, efficient, math); on compute capability 9.0+ the check is that cuDNN's ran.
   compile     base + torch.compile with fused_ce auto: what the defaults give on CUDA. Compiling 22 layers
               takes minutes, so it runs once, last, and only when the budget has room for it.
+  compile_cache  the start-up of two compiled sessions of one run, each a fresh process on an empty machine
+              (its own empty work folder and TORCHINDUCTOR_CACHE_DIR): the first compiles cold and pushes the
+              compile cache to the store, the second pulls it beside the checkpoint and compiles warm
+              (benchmarks/bench_compile_cache.py's relay); pull, build, compile and first step of each, from
+              the ledger, and warm / cold start to first step.
 
 Targets: MFU >= 40 % at seq 2048 on an H100/H200 with the best speed case; baton / Trainer >= 1.0.
 
@@ -110,14 +118,18 @@ CASES = {
     "muon": ("speed", ["optim.name=muon"]),  # Muon's Newton-Schulz matmuls: its tokens/s beside base's
     # The commands a person types, as subprocesses, with every device setting left at auto.
     "cli": ("cli", []),
+    # The attention auto picks, by the kernels' names in a profile.
+    "attn_kernel": ("attn_kernel", ["model.attn=auto"]),
     # What precision, compile and fused_ce "auto" give on CUDA (with liger-kernel, where installed).
     "compile": ("speed", ["train.compile=true", "train.fused_ce=auto"]),
+    # Cold, then warm from the run's compile cache: two processes, each on an empty machine.
+    "compile_cache": ("compile_cache", ["train.fused_ce=auto"]),
 }
 NEEDS_CUDA = ("flash2", "fused_ce", "fp16_fused")
 # Cases whose setting baton itself may refuse on this machine (its one-line error): reported as skipped.
 MAY_REFUSE = ("flash2", "fused_ce", "fp16_fused", "fsdp_fp16")
 # Seconds a case is known to need on an H100/H200, start-up included: it does not start with less left.
-NEEDS_SECONDS = {"compile": 120.0, "cli": 150.0, "trainer": 45.0, "fsdp_fp16": 40.0, "fp16_fused": 30.0}
+NEEDS_SECONDS = {"compile": 120.0, "compile_cache": 150.0, "cli": 150.0, "trainer": 45.0, "fsdp_fp16": 40.0, "fp16_fused": 30.0}
 NEEDS_SECONDS_DEFAULT = 15.0
 
 # Sizes per group: (GPU, smoke). steps: optimizer steps (precision, resume), measured steps after warmup
@@ -135,6 +147,10 @@ SIZES = {
                {"seq_len": 32, "micro_batch": 2, "global_batch": 4, "steps": 4}),
     "trainer": ({"seq_len": 2048, "micro_batch": 8, "global_batch": 32, "steps": 9, "warmup": 3},
                 {"seq_len": 64, "micro_batch": 2, "global_batch": 4, "steps": 3, "warmup": 1}),
+    "attn_kernel": ({"seq_len": 2048, "micro_batch": "auto", "global_batch": 32, "steps": 3, "warmup": 2},
+                    {"seq_len": 64, "micro_batch": "auto", "global_batch": 8, "steps": 1, "warmup": 1}),
+    "compile_cache": ({"seq_len": 2048, "micro_batch": 8, "global_batch": 32, "steps": 4},
+                      {"seq_len": 32, "micro_batch": 2, "global_batch": 4, "steps": 4}),
     "fsdp_fp16": ({"seq_len": 8, "micro_batch": 2, "global_batch": 2, "steps": 2},
                   {"seq_len": 8, "micro_batch": 2, "global_batch": 2, "steps": 2}),
     # steps: the horizon; a SIGTERM ends the first session after its first logged steps, far from it.
@@ -158,6 +174,14 @@ MFU_TARGET, TRAINER_TARGET = 0.40, 1.0
 def case_config(args, name: str, extra: list[str] = ()):
     from baton.config import load_config
 
+    sets, size, case_dir = case_sets(args, name, extra)
+    return load_config(Path(args.work) / "check.toml", sets), size, case_dir
+
+
+def case_sets(args, name: str, extra: list[str] = ()):
+    """The --set overrides of a case on top of check.toml, its sizes and its folder."""
+    from baton.config import load_config
+
     group, overrides = CASES[name]
     size = SIZES[group][1 if args.smoke else 0]
     ref = load_config(ROOT / "configs" / "ref-106m.toml").model
@@ -174,7 +198,7 @@ def case_config(args, name: str, extra: list[str] = ()):
     case_dir = Path(args.work) / "cases" / name
     mb = size["micro_batch"]
     # Timed groups run far from their horizon: no final evaluation or export lands among their steps.
-    horizon = 1000 if group in ("speed", "eval_probe", "trainer") else size["steps"]
+    horizon = 1000 if group in ("speed", "eval_probe", "trainer", "attn_kernel", "compile_cache") else size["steps"]
     sets = [f"{k}={v}" for k, v in settings.items()] + [
         f"run.name={name}", f"run.local_dir={case_dir / 'runs'}", f"store.url={case_dir / 'store'}",
         f"data.seq_len={size['seq_len']}", f"model.max_seq_len={max(256, size['seq_len'])}",
@@ -182,7 +206,7 @@ def case_config(args, name: str, extra: list[str] = ()):
         f"train.steps={horizon}", f"optim.warmup_steps={2 if args.smoke else 10}",
         f"train.device={'cpu' if args.smoke else 'cuda'}", f"train.threads={1 if args.smoke else 0}",
         *overrides, *extra]
-    return load_config(Path(args.work) / "check.toml", sets), size, case_dir
+    return sets, size, case_dir
 
 
 def peak_memory(device) -> int | None:
@@ -318,6 +342,91 @@ def run_speed(args, name: str) -> dict:
            "peak_memory_allocated": peak_memory(s.parts.device)}
     out["note"] = f"first step {first:.1f} s"
     return out
+
+
+# Attention kernels by name, as a profile lists them: which SDPA backend each belongs to.
+ATTN_KERNEL_KINDS = (("cudnn", ("cudnn",)), ("flash", ("flash",)), ("efficient", ("fmha", "mem_eff", "efficient")),
+                     ("math", ("_scaled_dot_product_attention_math",)))
+
+
+def attention_kernels(names) -> dict[str, list[str]]:
+    """The attention kernels among a profile's event names, by backend (a name counts once)."""
+    out: dict[str, list[str]] = {}
+    for name in sorted(set(names)):
+        low = name.lower()
+        if not any(w in low for w in ("attention", "attn", "sdpa", "fmha", "flash")):
+            continue
+        kind = next((k for k, words in ATTN_KERNEL_KINDS if any(w in low for w in words)), None)
+        if kind is not None:
+            out.setdefault(kind, []).append(name)
+    return out
+
+
+def run_attn_kernel(args, name: str) -> dict:
+    """model.attn = auto: tokens/s like base, then one profiled step and the attention kernels it ran."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from baton.loop import train_step
+    from baton.runtime import cuda
+    from baton.session.core import Session
+
+    cfg, size, _ = case_config(args, name)
+    s = Session(cfg, resume="never", progress=False)
+    times = []
+    try:
+        device = s.parts.device
+        order = s.parts.perf_notes.get("sdpa_priority")
+        for step in range(size["warmup"] + size["steps"]):
+            synchronize(device)
+            t = time.perf_counter()
+            m = train_step(s, step)
+            synchronize(device)
+            if step >= size["warmup"]:
+                times.append(time.perf_counter() - t)
+            s.record(step + 1, m)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=activities) as prof:
+            step = size["warmup"] + size["steps"]
+            s.record(step + 1, train_step(s, step))
+            synchronize(device)
+        events = prof.key_averages()
+        on_device = [e.key for e in events if device.type == "cuda" and getattr(e, "device_type", None) ==
+                     torch.autograd.DeviceType.CUDA]
+        kernels = attention_kernels(on_device or [e.key for e in events])
+        cap = cuda.capability(device) if device.type == "cuda" else None
+    finally:
+        s.close()
+    tok_s = cfg.tokens_per_step / statistics.median(times)
+    ran = sorted(kernels)
+    checks = {"attention_kernel_found": bool(kernels)}
+    if cap is not None and cap >= (9, 0) and order:
+        checks["cudnn_attention_ran"] = "cudnn" in kernels
+    return {"precision": cfg.train.precision, "attn": cfg.model.attn, "compile": cfg.train.compile,
+            "micro_batch": cfg.train.micro_batch, "accumulation": s.parts.accum, "tokens_per_s": tok_s,
+            "mfu": s.parts.flops.mfu(tok_s), "device": s.parts.flops.device_name, "sdpa_priority": order,
+            "attention_kernels": kernels, "auto_settings": s.parts.perf_notes.get("attn"), "checks": checks,
+            "peak_memory_allocated": peak_memory(s.parts.device),
+            "note": f"attention ran {', '.join(ran) or 'no kernel found'}"
+                    + (f" ({'; '.join(k[:60] for v in kernels.values() for k in v[:1])})" if kernels else "")
+                    + (f"; order set: {', '.join(order)}" if order else "; torch's own SDPA order")}
+
+
+def run_compile_cache(args, name: str) -> dict:
+    """benchmarks/bench_compile_cache.py's relay on this case's shape: cold, then warm from the store's cache."""
+    from bench_compile_cache import relay
+
+    sets, size, case_dir = case_sets(args, name)
+    r = relay(case_dir, Path(args.work) / "check.toml", name, sets)
+    cold, warm = r["cold"], r["warm"]
+
+    def said(x: dict) -> str:
+        return (f"pull {x['pull']:.1f} + build {x['build']:.1f} + first step {x['first_step']:.1f} s (compile "
+                f"{x['compile_seconds'] if x['compile_seconds'] is not None else float('nan'):.1f} s)")
+
+    return {"compile": True, "cold": cold, "warm": warm, "ratio": r["ratio"],
+            "checks": {"second_session_compiled_warm": warm["compile"] == "warm"},
+            "note": f"warm / cold start to first step {r['ratio']:.3f}; cold {said(cold)}; warm {said(warm)}"}
 
 
 def run_eval_probe(args, name: str) -> dict:
@@ -546,7 +655,8 @@ def run_cli(args, name: str) -> dict:
 
 
 RUNNERS = {"precision": run_precision, "fused16": run_fused16, "speed": run_speed, "eval_probe": run_eval_probe,
-           "resume": run_resume, "trainer": run_trainer, "fsdp_fp16": run_fsdp_fp16, "cli": run_cli}
+           "resume": run_resume, "trainer": run_trainer, "fsdp_fp16": run_fsdp_fp16, "cli": run_cli,
+           "attn_kernel": run_attn_kernel, "compile_cache": run_compile_cache}
 
 
 def case_main(args) -> None:
@@ -602,7 +712,7 @@ def skip_reason(name: str, smoke: bool) -> str | None:
     """Why a case cannot run here, decided before its process starts (None: it runs)."""
     if smoke and name in NEEDS_CUDA:
         return "no CUDA"
-    if smoke and name == "compile":
+    if smoke and name in ("compile", "compile_cache"):
         return "smoke (CPU code generation takes minutes; measured on the GPU)"
     if name == "trainer" and importlib.util.find_spec("accelerate") is None:
         return 'accelerate not installed (pip install -e ".[bench]")'

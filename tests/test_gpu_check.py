@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_ON_CPU = ("fp16", "bf16", "fp32", "base", "eval_probe", "resume_det", "resume_nondet", "fsdp_fp16", "ckpt",
-              "eager", "cli")
+              "eager", "cli", "attn_kernel")
 
 
 def test_gpu_check_smoke(tmp_path):
@@ -31,6 +31,11 @@ def test_gpu_check_smoke(tmp_path):
     for name in ("flash2", "fused_ce", "fp16_fused"):
         assert rows[name]["status"] == "skipped: no CUDA"
     assert rows["compile"]["status"].startswith("skipped: smoke")
+    assert rows["compile_cache"]["status"].startswith("skipped: smoke")
+    # The attention auto picks, found by name in a profile of one step (on CPU: SDPA's flash kernel for the CPU).
+    attn = rows["attn_kernel"]
+    assert attn["attn"] == "sdpa" and attn["checks"] == {"attention_kernel_found": True} and attn["sdpa_priority"] is None
+    assert "flash" in attn["attention_kernels"]
     trainer = "ok" if importlib.util.find_spec("accelerate") else "skipped: accelerate not installed"
     assert rows["trainer"]["status"].startswith(trainer)
     # Precision: the GradScaler exactly for fp16, losses finite and falling.

@@ -197,12 +197,38 @@ def test_attn_auto_is_sdpa_from_ampere_on_without_measuring(monkeypatch):
     from baton.runtime import attention
 
     monkeypatch.setattr(attention, "measure", lambda *a, **k: pytest.fail("measured on a GPU that needs no measuring"))
+    torch_order = torch._C._get_sdp_priority_order()
     for cap, name in (((8, 0), "NVIDIA A100-SXM4-80GB"), ((9, 0), "NVIDIA H200")):
         cfg = load_config(None, ["train.micro_batch=4", "train.compile=false"])
         assert cfg.model.attn == "auto"  # the default
-        notes = resolve(cfg, fake_gpu(monkeypatch, cap, name), 1)
+        try:
+            notes = resolve(cfg, fake_gpu(monkeypatch, cap, name), 1)
+            order = torch._C._get_sdp_priority_order()
+        finally:
+            attention.ORDER.leave()  # what a session's close does
         assert cfg.model.attn == "sdpa"
-        assert notes["attn"] == f"auto -> sdpa (compute capability {cap[0]}.{cap[1]})"
+        if cap < (9, 0):  # torch's own order (flash first, cuDNN last)
+            assert notes["attn"] == f"auto -> sdpa (compute capability {cap[0]}.{cap[1]})" and order == torch_order
+            continue
+        # Hopper: SDPA's cuDNN kernel first, then flash, set for the session and recorded.
+        assert notes["attn"] == "auto -> sdpa (compute capability 9.0); SDPA kernels in order cudnn, flash, efficient, math"
+        assert notes["sdpa_priority"] == ["cudnn", "flash", "efficient", "math"]
+        from torch.nn.attention import SDPBackend
+
+        assert order[:2] == [int(SDPBackend.CUDNN_ATTENTION), int(SDPBackend.FLASH_ATTENTION)]
+    assert torch._C._get_sdp_priority_order() == torch_order  # left: torch's own order again
+
+
+def test_the_sdpa_order_is_set_only_where_auto_asks_for_it():
+    from baton.runtime.attention import SDPA_PRIORITY, sdpa_priority
+
+    assert sdpa_priority("auto", "cuda", (9, 0), False, True) == SDPA_PRIORITY == ("cudnn", "flash", "efficient", "math")
+    assert sdpa_priority("auto", "cuda", (10, 0), False, True) == SDPA_PRIORITY
+    assert sdpa_priority("auto", "cuda", (8, 9), False, True) is None  # Ada, Ampere: torch's order
+    assert sdpa_priority("sdpa", "cuda", (9, 0), False, True) is None  # chosen by hand: left as torch has it
+    assert sdpa_priority("auto", "cuda", (9, 0), True, True) is None  # deterministic: flash's backward
+    assert sdpa_priority("auto", "cuda", (9, 0), False, False) is None  # a torch that cannot set an order
+    assert sdpa_priority("auto", "cpu", None, False, True) is None
 
 
 @pytest.mark.parametrize("eager_ms, sdpa_ms, want", [(40.0, 61.0, "eager"), (70.0, 61.0, "sdpa")])

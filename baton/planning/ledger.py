@@ -54,6 +54,44 @@ class BookedCheckpoint:
     at: str = ""
 
 
+COMPILE_KINDS = ("off", "cold", "warm")
+
+
+@dataclass
+class StartupSplit:
+    """Where a session's start-up went: the command's start to its first step, split in two, and the first step,
+    whose excess over the second step is the compile (``train.compile``): cold, or warm from the run's compile
+    cache (``train.compile_cache``)."""
+
+    pull: float  # seconds pulling the data, the checkpoint and the compile cache (side by side)
+    build: float  # the rest before the first step: imports, set-up, the model, the resume's loading
+    first_step: float  # the first step, its compile included
+    compile: str = "off"  # off | cold | warm
+    compile_seconds: float | None = None  # the first step beyond the second (None: compile off, or one step only)
+    note: str | None = None  # what became of the compile cache, in one line
+
+    @property
+    def total(self) -> float:
+        """The start-up a session pays before it steps at its rate: pull, build and the compile."""
+        return self.pull + self.build + (self.compile_seconds or 0.0)
+
+    @classmethod
+    def from_json(cls, d: Any) -> StartupSplit:
+        if not isinstance(d, dict):
+            raise ValueError("startup is not a table")
+        for key in ("pull", "build", "first_step", "compile_seconds"):
+            v = d.get(key)
+            if (v is None and key != "compile_seconds") or (v is not None and (
+                    isinstance(v, bool) or not isinstance(v, (int, float)))):
+                raise ValueError(f"startup.{key} is not a number of seconds")
+        if d.get("compile", "off") not in COMPILE_KINDS:
+            raise ValueError(f"startup.compile is not one of {', '.join(COMPILE_KINDS)}")
+        note = d.get("note")
+        return cls(float(d["pull"]), float(d["build"]), float(d["first_step"]), d.get("compile", "off"),
+                   None if d.get("compile_seconds") is None else float(d["compile_seconds"]),
+                   note if isinstance(note, str) else None)
+
+
 @dataclass
 class ForecastNote:
     """The relay's forecast from where a session started (``planning.anytime.forecast``): what the plan and the
@@ -152,7 +190,8 @@ class LedgerRecord:
     heartbeat_every_s: float = 0.0
     billed_hours: float = 0.0  # as of its last write; readers recompute it (``billed_hours``)
     data: dict[str, Any] | None = None  # where the data came from and how long the pull took (data.pull)
-    startup_seconds: float | None = None  # command start to first step
+    startup_seconds: float | None = None  # command start to first step (until split: to the resumed state)
+    startup: StartupSplit | None = None  # pull, build, compile and first step (older records have none)
     kind: str | None = None  # "preflight:<stage>" for a preflight stage's session
     slurm_job: str | None = None  # the SLURM job it ran in (SLURM_JOB_ID); None outside SLURM
     slurm_array_task: int | None = None  # its index in a job array (SLURM_ARRAY_TASK_ID)
@@ -212,10 +251,13 @@ class LedgerRecord:
             raise ValueError("checkpoints is not a list of checkpoint records")
         if d.get("anytime") is not None and not isinstance(d["anytime"], list):
             raise ValueError("anytime is not a list of anytime decisions")
+        startup = StartupSplit.from_json(d["startup"]) if d.get("startup") is not None else None
         known = {f.name for f in fields(cls)}
-        rec = cls(**{k: v for k, v in d.items() if k in known and k not in ("checkpoints", "forecast", "anytime")})
+        rec = cls(**{k: v for k, v in d.items()
+                     if k in known and k not in ("checkpoints", "forecast", "anytime", "startup")})
         rec.forecast = ForecastNote.from_json(d["forecast"]) if d.get("forecast") is not None else None
         rec.anytime = [AnytimeEvent.from_json(e) for e in d.get("anytime") or []]
+        rec.startup = startup
         rec.checkpoints = [BookedCheckpoint(c["step"], float(c.get("seconds") or 0.0), c.get("verified") is True,
                                             str(c.get("at", ""))) for c in booked]
         if rec.bill_factor is None:
@@ -288,6 +330,12 @@ class SessionLedger:
         # From the command's start to the first step: data pull, checkpoint pull, model build (measured startup).
         self.rec.startup_seconds = round(max(0.0, time.time() - self.rec.started_ts), 3)
         self._write()
+
+    def started_stepping(self, split: StartupSplit) -> None:
+        """The start-up as measured at the first steps; written with the record's next write (a heartbeat, a
+        checkpoint, the end), not one of its own."""
+        self.rec.startup = split
+        self.rec.startup_seconds = round(split.pull + split.build, 3)
 
     def heartbeat(self, step: int, stepping_seconds: float) -> bool:
         self.progress(step, stepping_seconds)
@@ -438,15 +486,28 @@ def measured_rate(records: list[LedgerRecord]) -> tuple[float | None, str]:
 
 
 def startup_seconds(records: list[LedgerRecord], last: int = 3) -> tuple[float | None, str]:
-    """The slowest startup (command start to first step) among the last few training sessions that measured
-    one, and what it is made of: the budget a session must reserve before stepping."""
+    """The start-up a session reserves before stepping (command start to its first step, and the compile in that
+    step), and what it is made of: among the last few training sessions that measured one, the slowest of those
+    that compiled warm from the run's compile cache (what every session after a relay's first does), else the
+    slowest of them all."""
     seen = [r for r in records if r.startup_seconds is not None][-last:]
     if not seen:
         return None, "no session has measured its startup yet"
-    worst = max(seen, key=lambda r: r.startup_seconds or 0.0)
-    pull = (worst.data or {}).get("seconds")
-    return float(worst.startup_seconds or 0.0), (f"measured (ledger, session {worst.session}"
-                                                 + (f": data pull {pull:.1f} s of it" if pull is not None else "") + ")")
+    warm = [r for r in seen if r.startup is not None and r.startup.compile == "warm"]
+    worst = max(warm or seen, key=full_startup)
+    split, pull = worst.startup, (worst.data or {}).get("seconds")
+    if split is not None:
+        parts = f"pull {split.pull:.1f} s, build {split.build:.1f} s" + (
+            f", compile {split.compile_seconds:.1f} s {split.compile}" if split.compile_seconds is not None
+            else f", compile {split.compile}")
+        return full_startup(worst), f"measured{' warm' if warm else ''} (ledger, session {worst.session}: {parts})"
+    return full_startup(worst), (f"measured (ledger, session {worst.session}"
+                                 + (f": data pull {pull:.1f} s of it" if pull is not None else "") + ")")
+
+
+def full_startup(rec: LedgerRecord) -> float:
+    """A record's start-up: its split's total (compile included) where it has one, else what it measured."""
+    return rec.startup.total if rec.startup is not None else float(rec.startup_seconds or 0.0)
 
 
 def checkpoint_seconds(records: list[LedgerRecord], last: int = 3) -> float | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import tempfile
 from dataclasses import asdict
@@ -93,7 +94,9 @@ def gather(cfg: Config) -> dict[str, Any]:
                          "steps_to": hi, "tokens_per_s": rec.tokens_per_s,
                          "mfu": statistics.median(mfu) if mfu else None, "billed_hours": L.billed_hours(rec),
                          "outcome": rec.outcome, "device": rec.device, "accelerators": rec.accelerators,
-                         "settings": rec.settings, "took_over": rec.took_over})
+                         "settings": rec.settings, "took_over": rec.took_over,
+                         "startup": dataclasses.asdict(rec.startup) if rec.startup is not None else None,
+                         "startup_seconds": rec.startup_seconds})
     # What the relay forecast when each session started, beside what happened (planning.ledger.ForecastNote).
     forecasts = [{"n": i, "session": rec.session, **asdict(rec.forecast)}
                  for i, rec in enumerate(history.sessions, 1) if rec.forecast is not None]

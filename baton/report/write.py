@@ -71,6 +71,7 @@ def write_report(doc: dict[str, Any], out: Path) -> Path:
                       "because another session took the run over; see docs/concurrency.md)."]
     lines += ["", f"Session ends at steps: {', '.join(map(str, doc['session_ends'])) or 'none'}; resumes at steps: "
               f"{', '.join(map(str, doc['resumes'])) or 'none'}.", ""]
+    lines += _startup(doc["sessions"])
     resolved = [(s["n"], k, v) for s in doc["sessions"] for k, v in sorted((s.get("settings") or {}).items())]
     if resolved:
         lines += ["How each session resolved its `auto` settings on its machine:", ""]
@@ -144,6 +145,27 @@ def _anytime(doc: dict[str, Any]) -> list[str]:
     lines += [f"| {e['n']} | {e['step']:,} | {e['action']} | {e['horizon_from']:,} → {e['horizon_to']:,} | "
               f"{e['line']} |" for e in events]
     return lines + [""]
+
+
+def _startup(sessions: list[dict[str, Any]]) -> list[str]:
+    """Each session's start-up: pulling, building, the first step and the compile in it (cold, or warm from the
+    run's compile cache). Sessions recorded before the split show their total only."""
+    rows = [s for s in sessions if s.get("startup") or s.get("startup_seconds") is not None]
+    if not rows:
+        return []
+    lines = ["## Start-up", "", "Command start to first step, and the compile inside the first step (its excess over "
+             "the second step).", "", "| # | pull s | build s | first step s | compile | compile s | total s |",
+             "|---|---|---|---|---|---|---|"]
+    for s in rows:
+        u = s.get("startup")
+        if u is None:
+            lines.append(f"| {s['n']} | — | — | — | — | — | {_f(s['startup_seconds'], '.1f')} |")
+            continue
+        total = u["pull"] + u["build"] + (u["compile_seconds"] or 0.0)
+        lines.append(f"| {s['n']} | {u['pull']:.1f} | {u['build']:.1f} | {u['first_step']:.1f} | {u['compile']} | "
+                     f"{_f(u['compile_seconds'], '.1f')} | {total:.1f} |")
+    notes = [(s["n"], s["startup"]["note"]) for s in rows if s.get("startup") and s["startup"].get("note")]
+    return lines + [""] + [f"- session {n}: {note}" for n, note in notes] + ([""] if notes else [])
 
 
 def _forecast(doc: dict[str, Any], out: Path, plots: dict[str, Path], draw: bool) -> list[str]:

@@ -15,6 +15,7 @@ capability and the package, so it is tested without a GPU.
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 import torch
 
@@ -112,3 +113,60 @@ def measure(cfg: Config, impl: Attn, device: torch.device, dtype: torch.dtype | 
         del model, x
         cuda.empty_cache()
     return best
+
+
+# SDPA's kernels in the order auto asks for them from this compute capability on: on Hopper (sm90) cuDNN's
+# fused attention is the fastest SDPA kernel for these head sizes, then FlashAttention-2 (torch's own order puts
+# flash first and cuDNN last). A kernel that cannot run a shape passes it to the next, as SDPA always does.
+SDPA_PRIORITY_MIN_CAPABILITY = (9, 0)
+SDPA_PRIORITY = ("cudnn", "flash", "efficient", "math")
+_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+             "math": "MATH"}
+
+
+def sdpa_priority(attn: str, device_type: str, capability: tuple[int, int] | None, deterministic: bool,
+                  settable: bool) -> tuple[str, ...] | None:
+    """The SDPA kernel order ``model.attn = "auto"`` sets, or None to leave torch's own: only on CUDA GPUs of
+    compute capability 9.0 and newer, where this torch can set an order (``sdpa_kernel(set_priority=)``, torch
+    2.6+), and not under ``train.deterministic`` (whose flash backward is the deterministic one it relies on)."""
+    if attn != "auto" or device_type != "cuda" or not settable or deterministic:
+        return None
+    if capability is None or tuple(capability) < SDPA_PRIORITY_MIN_CAPABILITY:
+        return None
+    return SDPA_PRIORITY
+
+
+def priority_settable() -> bool:
+    """Whether this torch's ``sdpa_kernel`` takes an order (``set_priority``)."""
+    import inspect
+
+    try:
+        from torch.nn.attention import sdpa_kernel
+    except ImportError:
+        return False
+    return "set_priority" in inspect.signature(sdpa_kernel).parameters
+
+
+class KernelOrder:
+    """SDPA's kernel order for the session's lifetime (a process-wide setting of torch): entered once the
+    session resolved its attention, left when the session closes, so a notebook's later work gets torch's
+    own order back."""
+
+    def __init__(self) -> None:
+        self._ctx: Any = None
+
+    def enter(self, order: tuple[str, ...]) -> None:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        self.leave()
+        ctx = sdpa_kernel([getattr(SDPBackend, _BACKENDS[k]) for k in order], set_priority=True)
+        ctx.__enter__()
+        self._ctx = ctx
+
+    def leave(self) -> None:
+        ctx, self._ctx = self._ctx, None
+        if ctx is not None:
+            ctx.__exit__(None, None, None)
+
+
+ORDER = KernelOrder()

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from ..config import Config, Precision
 from ..errors import ConfigError
-from . import attention, cuda, fused_ce, memory
+from . import attention, cuda, fused_ce, memory, regional
 from .compiled import CompiledOrEager
 
 log = logging.getLogger(__name__)
@@ -47,16 +47,28 @@ def resolve(cfg: Config, device: torch.device, world: int) -> dict[str, Any]:
         raise ConfigError(f"train.precision=bf16 needs a GPU with bf16 tensor cores (compute capability 8.0 or newer), "
                           f"and {cuda.name(device)} is {cap[0]}.{cap[1]} (set train.precision = "
                           "\"fp16\", or \"auto\", which picks fp16 there)")
+    setting = cfg.model.attn
     attn, how = attention.resolve(cfg, device, AUTOCAST.get(t.precision))
     if how is not None:
         cfg.model.attn = attn
         notes["attn"] = how
+    order = attention.sdpa_priority(setting, device.type, cuda.capability(device) if device.type == "cuda" else None,
+                                    t.deterministic, attention.priority_settable())
+    if order and attn == "sdpa":
+        # Before the micro-batch probe: it measures the memory of the kernels the run will use.
+        attention.ORDER.enter(order)
+        notes["attn"] = f"{how}; SDPA kernels in order {', '.join(order)}"
+        notes["sdpa_priority"] = list(order)
     if t.compile == "auto":
         # On by default where it pays: on CUDA (measured in benchmarks/gpu_check.py) from compute capability
         # 7.0, the oldest Triton generates kernels for (a P100 cannot compile); on CPU the minutes of code
         # generation buy little for the small models trained there.
         t.compile = device.type == "cuda" and cuda.capability(device) >= (7, 0)
         notes["compile"] = f"auto -> {t.compile}"
+    if t.compile and t.compile_scope == "blocks" and not regional.supported():
+        t.compile_scope = "model"
+        notes["compile_scope"] = (f"blocks -> model (torch {torch.__version__.split('+')[0]} would compile every "
+                                  "layer anew; torch 2.5 and newer share one compiled block)")
     # Before the micro-batch: the probe measures the loss the run will use, and the logits dominate memory.
     # After the precision: auto keeps it off under fp16, and true with fp16 is refused (see fused_ce).
     fused = fused_ce.decide(t.fused_ce, device.type, fused_ce.installed(), t.parallel, t.precision)
@@ -195,16 +207,19 @@ def _try_micro_batch(model, loss_fn, mb: int, seq_len: int, device, total: int) 
 
 
 def micro_loss_fn(autocast_dtype: torch.dtype | None, compiled: bool, backend: str | Callable | None = None,
-                  fused: bool = False) -> Callable:
+                  fused: bool = False, scope: str = "model") -> Callable:
     """``loss(model, x, y)`` of one micro-batch: forward under autocast, cross-entropy in fp32.
 
     Compiled, the graph spans the model and the loss, so the fp32 upcast of the logits and the
-    cross-entropy fuse instead of materialising a second copy of the logits. ``fused``: the head and the
-    cross-entropy in one chunked kernel instead (baton.runtime.fused_ce), so no logits are materialised at all;
-    compiled, only the model's body is, and the fused kernel runs beside the graph (a Triton kernel of its
-    own, which fake-tensor tracing cannot always follow). Either way a compilation that fails falls back to
-    eager for the session (baton.runtime.compiled), never ends it.
+    cross-entropy fuse instead of materialising a second copy of the logits. ``scope="blocks"``: the decoder
+    block is compiled once and shared by every layer, and the loss on its own (baton.runtime.regional).
+    ``fused``: the head and the cross-entropy in one chunked kernel instead (baton.runtime.fused_ce), so no
+    logits are materialised at all; compiled, only the model's body is, and the fused kernel runs beside the
+    graph (a Triton kernel of its own, which fake-tensor tracing cannot always follow). Either way a
+    compilation that fails falls back to eager for the session (baton.runtime.compiled), never ends it.
     """
+    if compiled and scope == "blocks":
+        return _blocks_loss_fn(autocast_dtype, backend, fused)
     if fused:
         body = CompiledOrEager(fused_ce.head_inputs, "the model body", backend) if compiled else fused_ce.head_inputs
         return fused_ce.micro_loss_fn(autocast_dtype, body)
@@ -213,6 +228,37 @@ def micro_loss_fn(autocast_dtype: torch.dtype | None, compiled: bool, backend: s
         ctx = torch.autocast(x.device.type, dtype=autocast_dtype) if autocast_dtype is not None else nullcontext()
         with ctx:
             logits = model(input_ids=x).logits
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+        return _cross_entropy(logits, y)
 
     return CompiledOrEager(micro_loss, "the forward and loss", backend) if compiled else micro_loss
+
+
+def _cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+
+
+def _blocks_loss_fn(autocast_dtype: torch.dtype | None, backend: str | Callable | None, fused: bool) -> Callable:
+    """The micro-loss with the decoder block compiled once for every layer (and, unfused, the loss compiled on its
+    own, where the fp32 upcast of the logits fuses into the cross-entropy)."""
+    parts: list[Any] = []
+    blocks = regional.CompiledBlocks(backend, parts)
+    if fused:
+        def body(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            blocks.install(model)
+            return fused_ce.head_inputs(model, x)
+
+        fn = fused_ce.micro_loss_fn(autocast_dtype, body)
+        fn.compiled_parts = parts  # type: ignore[attr-defined]
+        return fn
+    loss = CompiledOrEager(_cross_entropy, "the loss", backend)
+    parts.append(loss)
+
+    def micro_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        blocks.install(model)
+        ctx = torch.autocast(x.device.type, dtype=autocast_dtype) if autocast_dtype is not None else nullcontext()
+        with ctx:
+            logits = model(input_ids=x).logits
+        return loss(logits, y)
+
+    micro_loss.compiled_parts = parts  # type: ignore[attr-defined]
+    return micro_loss

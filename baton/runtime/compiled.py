@@ -56,8 +56,12 @@ class CompiledOrEager:
         return self.fn(*args, **kwargs)
 
 
+def compiled_parts(fn: Any) -> list[CompiledOrEager]:
+    """The compiled parts of a micro-loss: ``fn`` itself, or what it names in ``compiled_parts``."""
+    return [f for f in getattr(fn, "compiled_parts", [fn]) if isinstance(f, CompiledOrEager)]
+
+
 def fallbacks(fn: Any) -> list[str]:
     """What of ``fn`` (a CompiledOrEager, or a function naming its compiled parts in ``compiled_parts``) fell
     back to eager, and why: for the run summary."""
-    parts = getattr(fn, "compiled_parts", [fn])
-    return [f"{f.what}: eager ({f.fell_back})" for f in parts if isinstance(f, CompiledOrEager) and f.fell_back]
+    return [f"{f.what}: eager ({f.fell_back})" for f in compiled_parts(fn) if f.fell_back]

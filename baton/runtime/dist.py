@@ -53,6 +53,11 @@ def env_rank() -> int:
     return int(os.environ.get("RANK", 0))
 
 
+def is_local_main() -> bool:
+    """Whether this process is its node's first (torchrun's LOCAL_RANK 0, or a single process)."""
+    return int(os.environ.get("LOCAL_RANK", 0)) == 0
+
+
 def node_suffix() -> str:
     """Empty on a single node, else "-node<N>" (torchrun's GROUP_RANK): for files each node writes locally."""
     local, world = os.environ.get("LOCAL_WORLD_SIZE"), os.environ.get("WORLD_SIZE")

@@ -30,7 +30,7 @@ from ..errors import BatonError, Fenced
 from ..model.llama import build_model
 from ..model.optimizer import build_optimizer
 from ..planning.ledger import checkpoint_seconds, read_ledger
-from ..runtime import cuda, dist
+from ..runtime import attention, cuda, dist
 from ..runtime.memory import rss_peak
 from ..runtime.slurm import warning_signal
 from ..tracking import Trackers, check_installed, open_trackers
@@ -82,6 +82,7 @@ class Session:
             self._setup(cfg, resume, stop_after, deadline, take_over)
         except BaseException:
             self._signals.restore()  # a failed start leaves the caller's handlers (a notebook's interrupt) be
+            attention.ORDER.leave()
             parts = getattr(self, "parts", None)
             if parts is not None and parts.lease is not None:
                 parts.lease.release()  # the next session may start at once
@@ -104,6 +105,8 @@ class Session:
         # says when this session runs none of its own.
         self.state.val = newest_validation(read_rows(self.metrics_path)) if resumed.from_step else None
         self.complete_pointer = resumed.complete  # the run is already complete: nothing to train
+        if p.compile_cache is not None and p.startup is not None and resumed.complete is None:
+            p.startup.pull += p.compile_cache.load()  # before anything compiles; the wait beyond the other pulls
         if resumed.total_steps is not None and resumed.total_steps != p.total_steps:
             p = self.parts = with_horizon(p, resumed.total_steps)  # anytime mode's shorter horizon
         self.state.shortened = resumed.shortened
@@ -306,9 +309,41 @@ class Session:
                        requeued)
 
     # ---------------------------------------------------------------------------- bookkeeping
+    def stepping_begins(self) -> None:
+        """The loop is about to take its first step: the start-up ends here."""
+        if self.parts.startup is not None:
+            self.parts.startup.stepping_begins()
+
+    def _startup_step(self, seconds: float) -> None:
+        """The first two steps' seconds: the start-up's split for the ledger; after the first, the compile cache's
+        push (rank 0, when it compiled cold)."""
+        p = self.parts
+        clock, cache = p.startup, p.compile_cache
+        if clock is None or not clock.observe(seconds):
+            return
+        if cache is not None and clock.second is None:
+            cache.after_first_step(p.store, p.micro_loss, p.ledger.id if p.ledger is not None else None)
+        self._book_startup()
+
+    def _book_startup(self) -> None:
+        p = self.parts
+        if p.ledger is None or p.startup is None:
+            return
+        cache = p.compile_cache
+        split = p.startup.split(cache.kind if cache is not None else "off", cache.said() if cache is not None else None)
+        if split is not None:
+            p.ledger.started_stepping(split)
+
+    def startup_summary(self) -> dict[str, Any] | None:
+        p = self.parts
+        cache = p.compile_cache
+        split = p.startup.split(cache.kind if cache else "off", cache.said() if cache else None) if p.startup else None
+        return dataclasses.asdict(split) if split is not None else None
+
     def record(self, step: int, m: dict[str, Any]) -> None:
         p, st = self.parts, self.state
         st.step = step
+        self._startup_step(m["step_seconds"])
         self.budget.observe_step(m["step_seconds"])
         st.stats.last_loss = m["loss"]
         if p.device.type == "cuda":
@@ -356,6 +391,9 @@ class Session:
 
     def close(self, outcome: str = "ended", requeued: bool = False) -> None:
         self.checkpointer.close()
+        if self.parts.compile_cache is not None:
+            self.parts.compile_cache.close()  # a push in flight finishes; its outcome goes in the ledger's end
+            self._book_startup()
         self.end_ledger(outcome, requeued)
         if self.parts.lease is not None:
             # Before the trackers' last write and before a SLURM requeue: the next session takes the run at once.
@@ -364,6 +402,7 @@ class Session:
             self._bar.close()
         if self.trackers is not None:
             self.trackers.close(complete=outcome == "completed")
+        attention.ORDER.leave()  # torch's own SDPA order again for whatever the process does next
         self._signals.restore()
 
 

@@ -152,6 +152,8 @@ def summary(s: Session, tokens_per_s: float) -> dict[str, Any]:
     log.info("PEAK rank=%d train_bytes=%d eval_bytes=%d", p.dist.rank, st.peak_train, st.peak_eval)
     peak_train = int(dist.maximum(st.peak_train, p.device))
     peak_eval = int(dist.maximum(st.peak_eval, p.device))
+    if p.compile_cache is not None:
+        p.compile_cache.finish_push()  # what became of it belongs in the summary
     return {
         "run": p.run,
         "params": p.n_params,
@@ -172,6 +174,9 @@ def summary(s: Session, tokens_per_s: float) -> dict[str, Any]:
         "precision": p.cfg.train.precision,
         "compile": p.cfg.train.compile,
         "compile_fallbacks": fallbacks(p.micro_loss),
+        "compile_scope": p.cfg.train.compile_scope,
+        "compile_cache": p.compile_cache.summary() if p.compile_cache is not None else None,
+        "startup": s.startup_summary(),
         "fused_ce": p.cfg.train.fused_ce,
         "deterministic": p.cfg.train.deterministic,
         "micro_batch": p.cfg.train.micro_batch,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from ..runtime.slurm import current_job
 from ..store import RetryPolicy, Store, open_store
 from ..store.lease import FencedStore, Lease
 from .drift import check_before_pull, tokenizer_sha256
+from .warmstart import CompileCache, StartupClock
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,8 @@ class Parts:
     micro_batch: int  # samples per forward pass
     accum: int  # micro-batches per rank per optimizer step
     lease: Lease | None = None  # rank 0's hold on the run (store.lease); ``store`` is then fenced by it
+    startup: StartupClock | None = None  # where the start-up went (pull, build, first step), for the ledger
+    compile_cache: CompileCache | None = None  # train.compile_cache: pulled beside the checkpoint, pushed once
 
     @property
     def run(self) -> str:
@@ -106,9 +110,15 @@ def build(cfg: Config, stop_after: int | None, started: float, deadline: float |
             f"{micro_batch} x {world} ranks (change micro_batch or the number of ranks)"
         )
     store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
+    startup = StartupClock(started)
+    # The compile cache downloads in the background from here, beside the data and the checkpoint.
+    cache = CompileCache(cfg, device, info, cfg.run_dir)
+    cache.start_pull(store)
     # The dataset before anything is written to the store: a session that cannot have its data (pulled, or
     # read from data.dir: its manifest, shards and tokenizer) ends here and leaves the store as it was.
+    t = time.time()
     source = _ensure_data(cfg, info, _data_drift(cfg, store, resume, allow_change))
+    startup.pull += time.time() - t
     data = WindowDataset(cfg.data.dir, cfg.data.seq_len, cfg.data.shuffle_seed, cfg.data.val_windows)
     # Checked now, not when the final export needs it hours later.
     tok_sha256 = tokenizer_sha256(cfg.data.dir, data.manifest)
@@ -121,8 +131,9 @@ def build(cfg: Config, stop_after: int | None, started: float, deadline: float |
     dist.on_main(lambda: held.append(_take_lease(cfg, store, started, take_over)))
     lease = held[0] if held else None
     try:
-        return _built(cfg, stop_after, started, deadline, info, device, store, lease, source, data, tok_sha256,
-                      total_steps, world, perf_notes, micro_batch)
+        parts = _built(cfg, stop_after, started, deadline, info, device, store, lease, source, data, tok_sha256,
+                       total_steps, world, perf_notes, micro_batch)
+        return dataclasses.replace(parts, startup=startup, compile_cache=cache)
     except BaseException:
         if lease is not None:
             lease.release()
@@ -171,7 +182,7 @@ def _built(cfg: Config, stop_after: int | None, started: float, deadline: float 
         model=model, optimizer=optimizer, scaler=scaler,
         parallel=Parallel(cfg.train.parallel, info.rank, world, device),
         micro_loss=autotune.micro_loss_fn(autocast_dtype, compiled=bool(cfg.train.compile),
-                                          fused=bool(cfg.train.fused_ce)),
+                                          fused=bool(cfg.train.fused_ce), scope=cfg.train.compile_scope),
         autocast_dtype=autocast_dtype,
         flops=session_flops(cfg.model, cfg.data.seq_len, device, cfg.train.precision, world),
         n_params=n_params, perf_notes=perf_notes, total_steps=total_steps,

@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,7 +97,10 @@ def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
             if finished != folder:  # else: the copy just pushed and verified, already here
                 pull_checkpoint(s.store, source, pointer, folder)
 
+        t = time.time()
         dist.on_main(pull, local=True)
+        if s.startup is not None:
+            s.startup.pull += time.time() - t
         # A branch's first checkpoint has no parent in its own line: like a run's first, it continues the store
         # when the branch's ledger knows the session that saved it (_continues).
         parent = pointer.lineage if source == s.run else None

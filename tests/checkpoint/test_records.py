@@ -62,13 +62,13 @@ def test_state_ledger_and_eval_records_round_trip_exactly():
     assert back == {k: v for k, v in raw.items() if k != "scheduler"}
     raw = _load("ledger-v1.json")
     # ``kind``: preflight stages' own; the SLURM job's fields, the resolved settings, the lease, the cooldown branch,
-    # the forecast and anytime mode's decisions are written since; an old record reads as outside SLURM, with no
-    # settings recorded, as a session that held no lease of the run, of the main run, that forecast nothing and made
-    # no anytime decision.
+    # the forecast, anytime mode's decisions and the start-up's split are written since; an old record reads as
+    # outside SLURM, with no settings recorded, as a session that held no lease of the run, of the main run, that
+    # forecast nothing, made no anytime decision and measured its start-up whole.
     assert LedgerRecord.from_json(raw).to_json() == {**raw, "kind": None, "slurm_job": None, "slurm_array_task": None,
                                                      "slurm_restarts": None, "requeued": False, "settings": {},
                                                      "epoch": None, "took_over": None, "branch": None,
-                                                     "forecast": None, "anytime": []}
+                                                     "forecast": None, "anytime": [], "startup": None}
     raw = _load("eval-v1.json")
     ev = EvalRecord.from_json(raw)
     assert ev is not None and ev.to_json() == raw

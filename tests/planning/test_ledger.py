@@ -119,3 +119,40 @@ def test_records_are_separate_objects_and_a_damaged_one_is_reported(tmp_path):
     assert L.measured_rate(records)[0] == records[1].tokens_per_s  # the most recent measurement
     assert L.checkpoint_seconds(records) == 1.5
     assert L.billed_hours(records[1]) == pytest.approx((records[1].ended_ts - (t0 - 50)) / HOUR * 2.0)
+
+
+def _started(start: datetime, startup: float, split: dict | None = None) -> L.LedgerRecord:
+    raw = _rec(start, 1.0).to_json()
+    return L.LedgerRecord.from_json({**raw, "startup_seconds": startup, "startup": split})
+
+
+def test_the_start_up_split_round_trips_and_a_bad_one_is_named():
+    t0 = datetime(2026, 9, 26, tzinfo=timezone.utc)
+    split = {"pull": 12.5, "build": 20.0, "first_step": 81.0, "compile": "cold", "compile_seconds": 80.0,
+             "note": "compile cache: none in the store"}
+    rec = _started(t0, 32.5, split)
+    assert rec.startup == L.StartupSplit(12.5, 20.0, 81.0, "cold", 80.0, "compile cache: none in the store")
+    assert rec.startup.total == 112.5 and L.LedgerRecord.from_json(rec.to_json()) == rec
+    for bad, said in (({**split, "pull": "x"}, "startup.pull is not a number"),
+                      ({**split, "compile": "tepid"}, "startup.compile is not one of off, cold, warm"),
+                      ({k: v for k, v in split.items() if k != "build"}, "startup.build is not a number"),
+                      ([1, 2], "startup is not a table")):
+        with pytest.raises(ValueError, match=said):
+            _started(t0, 1.0, bad)
+
+
+def test_plans_take_the_warm_start_up_once_sessions_have_one():
+    t0 = datetime(2026, 9, 26, tzinfo=timezone.utc)
+    cold = {"pull": 10.0, "build": 20.0, "first_step": 80.5, "compile": "cold", "compile_seconds": 80.0}
+    warm = {"pull": 11.0, "build": 19.0, "first_step": 10.5, "compile": "warm", "compile_seconds": 10.0}
+    recs = [_started(t0, 30.0, cold), _started(t0 + timedelta(hours=2), 30.0, warm),
+            _started(t0 + timedelta(hours=4), 30.0, {**warm, "compile_seconds": 12.0})]
+    seconds, why = L.startup_seconds(recs)
+    assert seconds == 11.0 + 19.0 + 12.0  # the slowest warm one, the cold first session left out
+    assert why.startswith("measured warm (ledger, session ") and why.endswith(
+        ": pull 11.0 s, build 19.0 s, compile 12.0 s warm)")
+    # Sessions that never compiled warm: the slowest of them, its compile counted; records from before the split
+    # count their whole start-up.
+    assert L.startup_seconds(recs[:1])[0] == 110.0
+    assert L.startup_seconds([_started(t0, 42.0)]) == (42.0, f"measured (ledger, session s{t0.timestamp()})")
+    assert L.startup_figure(5.0, recs) == (300.0, "config")

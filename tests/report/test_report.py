@@ -53,6 +53,14 @@ def test_report_of_a_three_session_run_marks_sessions_and_spikes(make_config, pr
         assert (f"| {i} | {rec['session']} | {rec['started']} | {rec['steps_from']} → {rec['steps_to']} | "
                 f"{rec['tokens_per_s']:,.0f} | — | {billed_hours(LedgerRecord.from_json(rec)):.4f} | {rec['outcome']} |") in md
     assert f"- billed: {sum(billed_hours(LedgerRecord.from_json(r)) for r in records):.4f} h over 3 session(s)" in md
+    # Each session's start-up, split: pulling, building, the first step (no compile on CPU by default).
+    assert "## Start-up" in md
+    for i, rec in enumerate(records, 1):
+        u = rec["startup"]
+        assert u["compile"] == "off" and u["compile_seconds"] is None and u["first_step"] > 0
+        assert rec["startup_seconds"] == pytest.approx(u["pull"] + u["build"], abs=2e-3)
+        assert (f"| {i} | {u['pull']:.1f} | {u['build']:.1f} | {u['first_step']:.1f} | off | — | "
+                f"{u['pull'] + u['build']:.1f} |") in md
 
     # The spike: judged as a detector that saw every step would judge it, with the exact windows of its batch.
     spiked = [r for r in rows if "spike_score" in r]

@@ -17,9 +17,9 @@ import baton
 from baton.config import ModelConfig, load_config
 from baton.guard import local_store_root
 from baton.model.llama import build_model
-from baton.runtime import compiled
+from baton.runtime import compiled, regional
 from baton.runtime.autotune import micro_loss_fn
-from baton.runtime.compiled import CompiledOrEager, fallbacks
+from baton.runtime.compiled import CompiledOrEager, compiled_parts, fallbacks
 from support.helpers import assert_tensors_equal, store_checkpoint_tensors
 
 
@@ -89,19 +89,98 @@ def test_an_error_of_the_computation_itself_is_not_taken_for_a_compile_failure()
     assert fn.fell_back is None
 
 
-def test_a_session_whose_compile_fails_trains_exactly_the_eager_run(make_config, monkeypatch):
+@pytest.mark.parametrize(("scope", "parts"), [("model", ["the forward and loss"]),
+                                               ("blocks", ["the loss", "the decoder block"])])
+def test_a_session_whose_compile_fails_trains_exactly_the_eager_run(make_config, monkeypatch, scope, parts):
     """train.compile = true with a compiler that fails: the session completes, says so in its summary, and its
     checkpoint is bit-identical to a run with train.compile = false."""
     summaries, tensors = [], []
     for setting in ("false", "true"):
         monkeypatch.setattr(compiled, "BACKEND", _backend_that_fails)
         cfg = load_config(make_config(name=f"{setting}.toml", store=None, run_name=f"c{setting}"),
-                          [f"train.compile={setting}", "train.steps=4"])
+                          [f"train.compile={setting}", "train.steps=4", f"train.compile_scope={scope}"])
         summaries.append(baton.train(cfg, progress=False))
         tensors.append(store_checkpoint_tensors(local_store_root(cfg.store.url), cfg.run.name))
     assert summaries[0]["compile_fallbacks"] == []
-    (note,) = summaries[1]["compile_fallbacks"]
-    assert note.startswith("the forward and loss: eager (BackendCompilerFailed")
-    assert summaries[1]["compile"] is True
+    notes = summaries[1]["compile_fallbacks"]
+    assert [n.split(":")[0] for n in notes] == parts
+    assert all(": eager (BackendCompilerFailed" in n for n in notes)
+    assert summaries[1]["compile"] is True and summaries[1]["compile_scope"] == scope
+    # Nothing compiled, so nothing to carry: said, not pushed.
+    assert summaries[1]["compile_cache"]["push_note"] == "compile cache: nothing pushed, the compile fell back to eager"
     assert_tensors_equal(tensors[0][0], tensors[1][0])
     assert_tensors_equal(tensors[0][1], tensors[1][1])
+
+
+# ------------------------------------------------------------------------------ train.compile_scope = blocks
+
+
+class Graphs:
+    """A backend that counts the graphs it is given and runs each as traced (no code generation)."""
+
+    def __init__(self):
+        self.nodes: list[int] = []
+
+    def __call__(self, gm, example_inputs):
+        self.nodes.append(len(gm.graph.nodes))
+        return gm.forward
+
+
+def _steps(fn, model, x, y, n=2):
+    for _ in range(n):
+        model.zero_grad(set_to_none=True)
+        loss = fn(model, x, y)
+        loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("grad_ckpt", [False, True])
+def test_one_compiled_block_serves_every_layer_with_the_eager_numbers(grad_ckpt):
+    m, x, y = tiny_batch()
+    m.n_layers, m.grad_ckpt = 3, grad_ckpt
+    want = _steps(micro_loss_fn(None, compiled=False), build_model(m, "cpu", seed=0), x, y)
+    graphs = Graphs()
+    fn = micro_loss_fn(None, compiled=True, backend=graphs, scope="blocks")
+    model = build_model(m, "cpu", seed=0)
+    got = _steps(fn, model, x, y)
+    # The block, traced once for three layers, and the loss. Under activation checkpointing the block is traced
+    # only where dynamo can follow the checkpoint (transformers' hub-kernel attention wrapper, where installed,
+    # has a side effect it cannot replay: the block then runs eagerly, as a whole-model compile's layers do).
+    assert len(graphs.nodes) == 2 if not grad_ckpt else 1 <= len(graphs.nodes) <= 2
+    assert torch.equal(got[0], want[0]) and all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
+    # A model built again (a rollback's) runs the same compiled block; an evaluation (no gradients) runs eagerly,
+    # so its other batch shape compiles nothing.
+    compiled_so_far = len(graphs.nodes)
+    _steps(fn, build_model(m, "cpu", seed=0), x, y, n=1)
+    with torch.no_grad():
+        model(input_ids=x[:1, :5])
+    assert len(graphs.nodes) == compiled_so_far
+    assert [p.what for p in compiled_parts(fn)] == ["the loss", "the decoder block"]
+
+
+def test_a_block_that_cannot_compile_runs_every_layer_eagerly_said_once(caplog):
+    m, x, y = tiny_batch()
+    want = _steps(micro_loss_fn(None, compiled=False), build_model(m, "cpu", seed=0), x, y)
+    fn = micro_loss_fn(None, compiled=True, backend=_backend_that_fails, scope="blocks")
+    with caplog.at_level(logging.WARNING, logger="baton.runtime.compiled"):
+        got = _steps(fn, build_model(m, "cpu", seed=0), x, y)
+    assert torch.equal(got[0], want[0]) and all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
+    said = sorted(r.getMessage().split(" could not")[0] for r in caplog.records)
+    assert said == ["train.compile: the decoder block", "train.compile: the loss"]  # once each, not once a layer
+    assert len(fallbacks(fn)) == 2
+
+
+def test_blocks_need_a_torch_that_shares_one_compiled_block():
+    assert regional.supported("2.5.0") and regional.supported("2.14.1+cu130")
+    assert not regional.supported("2.4.1+cpu") and not regional.supported("nonsense")
+    cfg = load_config(None, ["train.compile=true", "train.micro_batch=4"])
+    notes = {}
+    import unittest.mock
+
+    with unittest.mock.patch.object(torch, "__version__", "2.4.1"):
+        from baton.runtime.autotune import resolve
+
+        notes = resolve(cfg, torch.device("cpu"), 1)
+    assert cfg.train.compile_scope == "model"
+    assert notes["compile_scope"] == ("blocks -> model (torch 2.4.1 would compile every layer anew; torch 2.5 and newer "
+                                      "share one compiled block)")
