@@ -24,11 +24,10 @@ lint: $(STAMP)
 	$(BIN)/mypy baton
 	$(BIN)/lint-imports
 
-# First the commands on the library versions users have (tests/compat: the lowest declared versions, a
-# notebook image's set, no extras; each a virtual environment built once into .compat/), then the suite.
+# The suite, with the commands on the library versions users have (tests/compat: the lowest declared versions,
+# a notebook image's set, no extras; each a virtual environment built once into .compat/) started first.
 test: lint
-	$(BIN)/python -m pytest -q --compat -n 3 tests/compat
-	$(BIN)/python -m pytest -q -n auto --maxprocesses 4
+	$(BIN)/python -m pytest -q --compat -n auto --maxprocesses 4
 
 clean:
 	rm -rf runs store data/tiny .compat

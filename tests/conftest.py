@@ -74,7 +74,7 @@ def pytest_sessionfinish(session):
 
 def pytest_addoption(parser):
     parser.addoption("--compat", action="store_true",
-                     help="run the tests marked compat (the commands on other library versions, tests/compat): "
+                     help="run the tests marked compat too (the commands on other library versions, tests/compat): "
                           "they build virtual environments, so the default run leaves them out")
 
 
@@ -82,11 +82,12 @@ def pytest_collection_modifyitems(config, items):
     """The slow end-to-end tests first: spread over workers (pytest-xdist), they then run beside the rest
     instead of after it. The check of jobs submitted at the start (pytest_sessionstart) goes last instead: its
     jobs run meanwhile. A stable sort, so the order is otherwise the collection order on every worker.
-    The compat tests run only when asked for (--compat), and then alone."""
+    The compat tests run only when asked for (--compat), and then first of all: building their environments
+    mostly waits on downloads and disks, which the other tests' computing fills."""
     from support.slurm_jobs import CAMPAIGN_ENV
 
     compat = config.getoption("--compat")
-    keep = [i for i in items if bool(i.get_closest_marker("compat")) == compat]
+    keep = [i for i in items if compat or not i.get_closest_marker("compat")]
     if len(keep) != len(items):
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep
@@ -96,6 +97,8 @@ def pytest_collection_modifyitems(config, items):
     def rank(item) -> int:
         if early and item.get_closest_marker("slurm"):
             return 2
+        if item.get_closest_marker("compat"):
+            return -1
         return 0 if item.get_closest_marker("slow") else 1
 
     items.sort(key=rank)

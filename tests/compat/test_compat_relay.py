@@ -6,8 +6,8 @@ from the store, export and sample, one bench cell, and a relay through a Hub sto
 No command may end in an internal error. In the environment without extras, every command either works or
 names the extra it needs in one line.
 
-These build virtual environments (minutes on a fresh machine, reused after): `make test` runs them as their
-own step with `pytest --compat tests/compat`; the default run deselects them.
+These build virtual environments (minutes on a fresh machine, reused after): `make test` runs them with the
+rest, first (`pytest --compat`); a run without --compat deselects them.
 """
 
 from __future__ import annotations
