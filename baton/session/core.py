@@ -20,6 +20,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..checkpoint.history import newest_validation
@@ -42,6 +43,16 @@ from .spikes import detector
 from .state import TrainState
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepValues:
+    """What a step reads back from the device, once (``Session.reduce_step``)."""
+
+    loss: float  # the mean loss of the global batch
+    grad_norm: float  # before clipping, over every rank's gradients
+    overflow: bool  # the GradScaler found an inf or NaN gradient (fp16); False without a scaler
+    batch_sha: str  # the digest of the global batch's samples
 
 
 @dataclass(frozen=True)
@@ -116,7 +127,11 @@ class Session:
                 raise
         self.checkpointer = Checkpointer(p, self.state, self.budget, resumed.parent, self.metrics_path, self.trackers,
                                          no_pointer=resumed.no_pointer)
-        self._batch_rows = torch.zeros(cfg.train.global_batch, dtype=torch.float64)
+        # Each step's sample digests, summed over ranks in reduce_step's collective; pinned where the sum runs
+        # on a GPU. Rewritten only after the step's read, when its copy to the device is done.
+        self._batch_rows = torch.zeros(cfg.train.global_batch, dtype=torch.float64,
+                                       pin_memory=p.device.type == "cuda" and p.world > 1)
+        self._rows = np.zeros((0, 1), dtype=np.int64)  # the host rows of the step being computed
         self._bar = None
 
     # -------------------------------------------------------------------------------- the step
@@ -131,35 +146,48 @@ class Session:
 
     def micro_batches(self, step: int):
         """This rank's micro-batches of global batch ``step`` (``data.reader``: ``rank_rows`` sliced by
-        ``micro_batches``, the path the reader's tests check); notes a digest of each sample it reads."""
+        ``micro_batches``, the path the reader's tests check). The samples' digests are made later, in
+        ``reduce_step``, once the step's work is queued on the device."""
         p = self.parts
-        gb, mb = p.cfg.train.global_batch, p.micro_batch
-        per_rank = gb // p.world
-        # The rank's whole share at once: one read, one pass of digests, one pinned asynchronous copy to the
-        # GPU; the micro-batches are slices of it. (Host work between the model's kernels is what a step
-        # pays for beyond a bare loop, so it is done once per step, not once per micro-batch.)
-        t = p.data.rank_rows(step, gb, p.dist.rank, p.world)
-        digests = self._batch_rows.numpy()  # a view of the tensor reduce_step reads
-        digests[:] = 0.0
-        pos = p.dist.rank * per_rank  # where this rank's share starts in the global batch
-        for i, row in enumerate(t.numpy()[:, :-1]):
-            digests[pos + i] = _row_digest(row)
+        # The rank's whole share at once: one read, one pinned asynchronous copy to the GPU; the micro-batches
+        # are slices of it. (Host work between the model's kernels is what a step pays for beyond a bare loop,
+        # so it is done once per step, not once per micro-batch.)
+        t = p.data.rank_rows(step, p.cfg.train.global_batch, p.dist.rank, p.world)
+        self._rows = t.numpy()
         if p.device.type == "cuda":
             t = t.pin_memory().to(p.device, non_blocking=True)
-        return micro_batches(t, mb)
+        return micro_batches(t, p.micro_batch)
 
-    def reduce_step(self, loss: float) -> tuple[float, str]:
-        """Mean loss over ranks and the digest of the whole global batch, in one collective.
+    def reduce_step(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor, found_inf: torch.Tensor | None = None
+                    ) -> StepValues:
+        """The step's one read from the device: the loss (summed over this rank's micro-batches, then its mean
+        over ranks), the gradient norm, the GradScaler's overflow flag and the digest of the whole global
+        batch, in one collective and one copy to the host.
 
         The digest is a hash of every sample in global-batch order, whatever the number of ranks, so two
-        runs that read the same samples in the same steps show the same ``batch_sha`` in metrics.jsonl.
+        runs that read the same samples in the same steps show the same ``batch_sha`` in metrics.jsonl. It is
+        made here, after the step's forward and backward are queued: on a GPU the host hashes while the device
+        computes, instead of before the first kernel.
         """
         p = self.parts
-        if p.world == 1:  # nothing to reduce; the same bytes as below, without building tensors
-            return loss, hashlib.sha256(self._batch_rows.numpy().astype("int64").tobytes()).hexdigest()[:16]
-        v = dist.sum_vector(torch.cat([torch.tensor([loss], dtype=torch.float64), self._batch_rows]), p.device)
-        rows = v[1:].to(torch.int64).numpy().tobytes()
-        return float(v[0]) / p.world, hashlib.sha256(rows).hexdigest()[:16]
+        per_rank = p.cfg.train.global_batch // p.world
+        digests = self._batch_rows.numpy()  # pinned on CUDA: its copy below does not wait for the device
+        digests[:] = 0.0
+        pos = p.dist.rank * per_rank  # where this rank's share starts in the global batch
+        for i, row in enumerate(self._rows[:, :-1]):
+            digests[pos + i] = _row_digest(row)
+        local = [loss_sum, grad_norm] if found_inf is None else [loss_sum, grad_norm, found_inf]
+        if p.world == 1:  # nothing to reduce: the loss is divided on the host, as the ranks' mean is below
+            vals = torch.stack(local).tolist()
+            loss, rows = vals[0] / p.accum, digests
+        else:
+            shared = torch.cat([(loss_sum.double() / p.accum).view(1),
+                                self._batch_rows.to(p.device, non_blocking=True)])
+            dist.sum_(shared)
+            vals = torch.cat([torch.stack(local).double(), shared]).tolist()
+            loss, rows = vals[len(local)] / p.world, np.array(vals[len(local) + 1:], dtype=np.float64)
+        return StepValues(loss, vals[1], bool(vals[2]) if found_inf is not None else False,
+                          hashlib.sha256(rows.astype(np.int64).tobytes()).hexdigest()[:16])
 
     # ------------------------------------------------------------------------- step boundaries
     def agree(self, step: int) -> Boundary:
