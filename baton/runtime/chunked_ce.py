@@ -59,7 +59,7 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, weight, targets, dtype, rows, grad_in_forward, ignore_index):  # type: ignore[override]
+    def forward(ctx, h, weight, targets, dtype, rows, grad_in_forward, ignore_index):
         with torch.autocast(h.device.type, enabled=False):  # the dtypes below are the ones that run
             hd, wd = h.to(dtype), weight.to(dtype)
             valid = targets != ignore_index
@@ -76,8 +76,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 loss = loss + torch.where(v, lse - picked, 0.0).sum()
                 if grad_in_forward:
                     g = _logits_grad(logits, lse, y, v, 1.0 / n).to(dtype)
-                    grad_h[i:i + rows] = g @ wd  # type: ignore[index]
-                    grad_w += (g.T @ hd[i:i + rows]).float()  # type: ignore[operator]
+                    grad_h[i:i + rows] = g @ wd
+                    grad_w += (g.T @ hd[i:i + rows]).float()
                 else:
                     lse_parts.append(lse)
             if grad_in_forward:
@@ -85,13 +85,15 @@ class _LinearCrossEntropy(torch.autograd.Function):
             else:
                 ctx.save_for_backward(h, weight, targets, torch.cat(lse_parts), n)
         ctx.grad_in_forward, ctx.dtype, ctx.rows, ctx.ignore_index = grad_in_forward, dtype, rows, ignore_index
+        ctx.weight_dtype = weight.dtype
         return loss / n
 
     @staticmethod
-    def backward(ctx, grad_out):  # type: ignore[override]
+    def backward(ctx, grad_out):
         if ctx.grad_in_forward:
             grad_h, grad_w = ctx.saved_tensors
-            return (grad_h * grad_out).to(grad_h.dtype), (grad_w * grad_out).to(grad_w.dtype), None, None, None, None, None
+            return ((grad_h * grad_out).to(grad_h.dtype), (grad_w * grad_out).to(ctx.weight_dtype),
+                    None, None, None, None, None)
         h, weight, targets, lse, n = ctx.saved_tensors
         dtype, rows = ctx.dtype, ctx.rows
         with torch.autocast(h.device.type, enabled=False):
@@ -111,8 +113,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 def _logits_grad(logits: torch.Tensor, lse: torch.Tensor, y: torch.Tensor, valid: torch.Tensor,
                  scale: torch.Tensor | float) -> torch.Tensor:
-    """``(softmax - onehot(y)) * scale`` for the valid rows of a chunk, zero for the others, in fp32 (made in
-    the logits' own buffer: a chunk holds one ``rows x vocab`` fp32 array, not three)."""
+    """``(softmax - onehot(y)) * scale`` for the valid rows of a chunk, zero for the others, in fp32, made in the
+    logits' own buffer (a chunk holds one ``rows x vocab`` fp32 array and its copy in the products' dtype)."""
     keep = valid.to(logits.dtype).unsqueeze(1)
     g = logits.sub_(lse.unsqueeze(1)).exp_().mul_(keep)
     g.scatter_add_(1, y.unsqueeze(1), -keep)
