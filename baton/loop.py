@@ -37,16 +37,16 @@ def train_step(s: Session, step: int) -> dict[str, Any]:
     cfg = p.cfg
     lrs = set_lr(p.optimizer, cfg.optim, factor_for(cfg.optim, step, p.total_steps))  # each at its own peak
     t0 = time.perf_counter()
-    loss_sum = torch.zeros((), device=p.device)
+    losses = []  # each micro-batch's loss, on the device: summed where they are read (reduce_step)
     for j, (x, y) in enumerate(s.micro_batches(step)):
         with s.no_sync(last_micro=j == p.accum - 1):
             loss = p.micro_loss(p.model, x, y)  # forward under autocast, fp32 cross-entropy; compiled or not
             p.scaler.scale(loss / p.accum).backward()
-        loss_sum += loss.detach()
+        losses.append(loss)
     p.scaler.unscale_(p.optimizer)
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
     grad_norm = replicated(torch.nn.utils.clip_grad_norm_(p.model.parameters(), clip))
-    v = s.reduce_step(loss_sum, grad_norm, overflow_flag(p.scaler, p.optimizer))
+    v = s.reduce_step(losses, grad_norm, overflow_flag(p.scaler, p.optimizer))
     if p.scaler.is_enabled():
         skipped = v.overflow  # the scaler lowers its scale exactly then (update, below)
         if getattr(p.optimizer, "_step_supports_amp_scaling", False):

@@ -214,6 +214,8 @@ def micro_loss_fn(autocast_dtype: torch.dtype | None, compiled: bool, backend: s
         ctx = torch.autocast(x.device.type, dtype=autocast_dtype) if autocast_dtype is not None else nullcontext()
         with ctx:
             logits = model(input_ids=x).logits
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+        if logits.dtype != torch.float32:  # (fp32 already on CPU: .float() would still cost a dispatch)
+            logits = logits.float()
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
 
     return CompiledOrEager(micro_loss, "the forward and loss", backend) if compiled else micro_loss

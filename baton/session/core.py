@@ -158,11 +158,15 @@ class Session:
             t = t.pin_memory().to(p.device, non_blocking=True)
         return micro_batches(t, p.micro_batch)
 
-    def reduce_step(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor, found_inf: torch.Tensor | None = None
+    def reduce_step(self, losses: list[torch.Tensor], grad_norm: torch.Tensor, found_inf: torch.Tensor | None = None
                     ) -> StepValues:
         """The step's one read from the device: the loss (summed over this rank's micro-batches, then its mean
         over ranks), the gradient norm, the GradScaler's overflow flag and the digest of the whole global
         batch, in one collective and one copy to the host.
+
+        The micro-batches' losses are summed in fp32 in their order, from zero, as a running sum on the device
+        would: on one rank after the read, on the host (fp32 additions are the same everywhere), which saves
+        the device a kernel per micro-batch; with several ranks on the device, before the collective.
 
         The digest is a hash of every sample in global-batch order, whatever the number of ranks, so two
         runs that read the same samples in the same steps show the same ``batch_sha`` in metrics.jsonl. It is
@@ -176,17 +180,24 @@ class Session:
         pos = p.dist.rank * per_rank  # where this rank's share starts in the global batch
         for i, row in enumerate(self._rows[:, :-1]):
             digests[pos + i] = _row_digest(row)
-        local = [loss_sum, grad_norm] if found_inf is None else [loss_sum, grad_norm, found_inf]
-        if p.world == 1:  # nothing to reduce: the loss is divided on the host, as the ranks' mean is below
-            vals = torch.stack(local).tolist()
-            loss, rows = vals[0] / p.accum, digests
-        else:
-            shared = torch.cat([(loss_sum.double() / p.accum).view(1),
-                                self._batch_rows.to(p.device, non_blocking=True)])
-            dist.sum_(shared)
-            vals = torch.cat([torch.stack(local).double(), shared]).tolist()
-            loss, rows = vals[len(local)] / p.world, np.array(vals[len(local) + 1:], dtype=np.float64)
-        return StepValues(loss, vals[1], bool(vals[2]) if found_inf is not None else False,
+        local = [grad_norm] if found_inf is None else [grad_norm, found_inf]
+        with torch.no_grad():
+            if p.world == 1:  # nothing to reduce
+                vals = torch.stack([*local, *losses]).tolist()
+                total = np.float32(0.0)
+                for x in vals[len(local):]:
+                    total = np.float32(total + np.float32(x))
+                loss, rows = float(total) / p.accum, digests
+            else:
+                total_t = losses[0]
+                for t in losses[1:]:
+                    total_t = total_t + t
+                shared = torch.cat([(total_t.double() / p.accum).view(1),
+                                    self._batch_rows.to(p.device, non_blocking=True)])
+                dist.sum_(shared)
+                vals = torch.cat([torch.stack(local).double(), shared]).tolist()
+                loss, rows = vals[len(local)] / p.world, np.array(vals[len(local) + 1:], dtype=np.float64)
+        return StepValues(loss, vals[0], bool(vals[1]) if found_inf is not None else False,
                           hashlib.sha256(rows.astype(np.int64).tobytes()).hexdigest()[:16])
 
     # ------------------------------------------------------------------------- step boundaries

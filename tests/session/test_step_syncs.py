@@ -78,3 +78,28 @@ def test_a_skipped_step_reads_the_device_once(make_config):
     finally:
         s.close()
     assert [r.split(":")[0] + ":" for r in reads] == [MODEL_READ, STEP_READ], reads
+
+
+def test_the_values_read_are_the_running_sums_a_device_would_make(make_config):
+    """The loss of a step is the fp32 running sum of its micro-batches' losses, from zero, over their number, and
+    the gradient norm clip_grad_norm_'s: bit for bit what summing on the device before the read gave."""
+    cfg = load_config(make_config(), ["train.steps=4", "train.micro_batch=2"])
+    s = Session(cfg, resume="never", progress=False)
+    try:
+        p = s.parts
+        seen = []
+        fn = p.micro_loss
+        s.parts = dataclasses.replace(p, micro_loss=lambda *a: seen.append(fn(*a)) or seen[-1])
+        norms = []
+        clip = torch.nn.utils.clip_grad_norm_
+        try:
+            torch.nn.utils.clip_grad_norm_ = lambda *a, **k: norms.append(clip(*a, **k)) or norms[-1]
+            m = train_step(s, 0)
+        finally:
+            torch.nn.utils.clip_grad_norm_ = clip
+    finally:
+        s.close()
+    running = torch.zeros(())
+    for loss in seen:
+        running += loss.detach()
+    assert len(seen) == 4 and m["loss"] == float(running) / 4 and m["grad_norm"] == float(norms[0])
