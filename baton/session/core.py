@@ -15,10 +15,11 @@ import hashlib
 import json
 import logging
 import signal
+import struct
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -45,8 +46,7 @@ from .state import TrainState
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class StepValues:
+class StepValues(NamedTuple):
     """What a step reads back from the device, once (``Session.reduce_step``)."""
 
     loss: float  # the mean loss of the global batch
@@ -174,31 +174,29 @@ class Session:
         computes, instead of before the first kernel.
         """
         p = self.parts
-        per_rank = p.cfg.train.global_batch // p.world
-        digests = self._batch_rows.numpy()  # pinned on CUDA: its copy below does not wait for the device
-        digests[:] = 0.0
-        pos = p.dist.rank * per_rank  # where this rank's share starts in the global batch
-        for i, row in enumerate(self._rows[:, :-1]):
-            digests[pos + i] = _row_digest(row)
+        mine = _row_digests(self._rows)
         local = [grad_norm] if found_inf is None else [grad_norm, found_inf]
+        k = len(local)
         with torch.no_grad():
             if p.world == 1:  # nothing to reduce
-                vals = torch.stack([*local, *losses]).tolist()
-                total = np.float32(0.0)
-                for x in vals[len(local):]:
-                    total = np.float32(total + np.float32(x))
-                loss, rows = float(total) / p.accum, digests
+                host = torch.stack([*local, *losses]).cpu().numpy()  # the read
+                # fp32, in order: a float32 cumulative sum adds one element at a time, as the device did
+                loss, rows = float(np.cumsum(host[k:], dtype=np.float32)[-1]) / p.accum, mine
             else:
-                total_t = losses[0]
+                digests = self._batch_rows.numpy()  # pinned on CUDA: its copy below does not wait for the device
+                digests[:] = 0.0
+                pos = p.dist.rank * (p.cfg.train.global_batch // p.world)  # this rank's share in the global batch
+                digests[pos:pos + len(mine)] = mine
+                total = losses[0]
                 for t in losses[1:]:
-                    total_t = total_t + t
-                shared = torch.cat([(total_t.double() / p.accum).view(1),
+                    total = total + t
+                shared = torch.cat([(total.double() / p.accum).view(1),
                                     self._batch_rows.to(p.device, non_blocking=True)])
                 dist.sum_(shared)
-                vals = torch.cat([torch.stack(local).double(), shared]).tolist()
-                loss, rows = vals[len(local)] / p.world, np.array(vals[len(local) + 1:], dtype=np.float64)
-        return StepValues(loss, vals[0], bool(vals[1]) if found_inf is not None else False,
-                          hashlib.sha256(rows.astype(np.int64).tobytes()).hexdigest()[:16])
+                host = torch.cat([torch.stack(local).double(), shared]).cpu().numpy()  # the read
+                loss, rows = float(host[k]) / p.world, host[k + 1:].astype(np.int64).tolist()
+        return StepValues(loss, float(host[0]), bool(host[1]) if found_inf is not None else False,
+                          hashlib.sha256(struct.pack(f"{len(rows)}q", *rows)).hexdigest()[:16])
 
     # ------------------------------------------------------------------------- step boundaries
     def agree(self, step: int) -> Boundary:
@@ -387,7 +385,14 @@ class Session:
         self._signals.restore()
 
 
-def _row_digest(row) -> float:
-    # 31 bits: a sum of one such value per position is exact in the float64 all-reduce.
-    return float(int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=4).digest(), "little") >> 1)
-
+def _row_digests(rows: np.ndarray) -> list[int]:
+    """Each sample's digest: 31 bits of blake2b over its input tokens as int64 (a sum of one such value per
+    position is exact in the float64 all-reduce). ``rows``: the share as read, ``seq_len + 1`` tokens a row."""
+    if not len(rows):
+        return []
+    whole = memoryview(np.ascontiguousarray(rows)).cast("B")
+    step = whole.nbytes // len(rows)
+    n = step - rows.itemsize  # the inputs: every token but the last
+    blake = hashlib.blake2b
+    return [int.from_bytes(blake(whole[i:i + n], digest_size=4).digest(), "little") >> 1
+            for i in range(0, whole.nbytes, step)]

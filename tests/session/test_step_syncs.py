@@ -24,7 +24,7 @@ from baton.runtime import compiled
 from baton.session.core import Session
 from support.syncs import counted_reads
 
-STEP_READ = "tolist at session/core.py:"
+STEP_READ = "cpu at session/core.py:"
 MODEL_READ = "__bool__ at transformers/masking_utils.py:"  # one per eager forward
 
 
