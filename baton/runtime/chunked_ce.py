@@ -115,7 +115,6 @@ def _logits_grad(logits: torch.Tensor, lse: torch.Tensor, y: torch.Tensor, valid
                  scale: torch.Tensor | float) -> torch.Tensor:
     """``(softmax - onehot(y)) * scale`` for the valid rows of a chunk, zero for the others, in fp32, made in the
     logits' own buffer (a chunk holds one ``rows x vocab`` fp32 array and its copy in the products' dtype)."""
-    keep = valid.to(logits.dtype).unsqueeze(1)
-    g = logits.sub_(lse.unsqueeze(1)).exp_().mul_(keep)
-    g.scatter_add_(1, y.unsqueeze(1), -keep)
-    return g.mul_(scale)
+    g = logits.sub_(lse.unsqueeze(1)).exp_()
+    g.scatter_add_(1, y.unsqueeze(1), torch.full_like(lse, -1.0).unsqueeze(1))
+    return g.mul_(valid.to(logits.dtype).mul_(scale).unsqueeze(1))  # an ignored row's weight is 0
