@@ -390,7 +390,7 @@ def _row_digests(rows: np.ndarray) -> list[int]:
     position is exact in the float64 all-reduce). ``rows``: the share as read, ``seq_len + 1`` tokens a row."""
     if not len(rows):
         return []
-    whole = memoryview(np.ascontiguousarray(rows)).cast("B")
+    whole = np.ascontiguousarray(rows).data.cast("B")
     step = whole.nbytes // len(rows)
     n = step - rows.itemsize  # the inputs: every token but the last
     blake = hashlib.blake2b
