@@ -32,9 +32,9 @@ else:  # Python 3.10: the same parser, as the tomli package (a dependency there)
 
 # liger's fused head writes the logits' gradient in fp16 before the GradScaler's scale applies
 # (baton.runtime.fused_ce): said by the config check when both are set, and by autotune when auto chose fp16.
-FUSED_CE_FP16 = ("train.fused_ce=true does not run under precision fp16: the fused kernel makes the logits' gradient "
-                 "in fp16 before the loss scale applies, and most of it rounds to zero (set train.fused_ce = \"auto\" "
-                 "or false, or train.precision = \"bf16\" on an Ampere or newer GPU)")
+FUSED_CE_FP16 = ("train.fused_ce='liger' does not run under precision fp16: its kernel makes the logits' gradient "
+                 "in fp16 before the loss scale applies, and most of it rounds to zero (set train.fused_ce = "
+                 "\"chunked\", \"auto\" or false, or train.precision = \"bf16\" on an Ampere or newer GPU)")
 # The choices other modules name too (the others are written on their fields alone).
 Attn = Literal["eager", "sdpa", "flash_attention_2"]
 AttnSetting = Literal["auto", "eager", "sdpa", "flash_attention_2"]  # model.attn: auto is resolved on the device
@@ -261,8 +261,9 @@ class TrainConfig(_Section):
     compile_cache: bool = opt(True, "carry torch.compile's artifacts with the run: pushed to the store after a "
                                     "session's first compiled step, loaded by the next session before it compiles "
                                     "(code the sessions run: trust the store as you trust the code)")
-    fused_ce: Literal["auto"] | bool = opt("auto", "output head + cross-entropy in one kernel (liger-kernel); auto: "
-                                                   "on CUDA, if installed, not under fp16")
+    fused_ce: Literal["auto", "chunked", "liger"] | bool = opt(
+        "auto", "output head + cross-entropy a chunk of rows at a time, no full logits: chunked (torch, compiled "
+                "with the model; = true) or liger (liger-kernel, CUDA, not fp16); auto: chunked on CUDA, off on CPU")
     deterministic: bool = opt(False, "deterministic kernels + fixed cuBLAS workspace: bit-identical resume on CUDA, "
                                      "costs speed")
     device: str = opt("auto", "auto | cpu | cuda | cuda:N (that GPU, in a single process)")
@@ -306,7 +307,7 @@ class TrainConfig(_Section):
             elif self.target_tokens and cfg.tokens_per_step > 0 and cfg.total_steps == 0:
                 out.append(f"train.target_tokens={self.target_tokens} is less than one step of "
                            f"{cfg.tokens_per_step} tokens")
-        if self.fused_ce is True and self.precision == "fp16":
+        if self.fused_ce == "liger" and self.precision == "fp16":
             out.append(FUSED_CE_FP16)
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             out.append(f"train.device={self.device!r} is not auto, cpu or cuda")

@@ -19,7 +19,7 @@ from .errors import BatonError, Fenced
 from .model.optimizer import set_lr
 from .model.schedule import factor_for
 from .runtime import dist
-from .runtime.parallel import norm_value
+from .runtime.parallel import replicated
 from .session import anytime, rollback
 from .session import finish as finishing
 from .session.core import Session
@@ -28,36 +28,52 @@ log = logging.getLogger(__name__)
 
 
 def train_step(s: Session, step: int) -> dict[str, Any]:
-    """One optimizer step over this rank's share of global batch ``step``."""
+    """One optimizer step over this rank's share of global batch ``step``.
+
+    The step waits for the device once: after the backward pass, for the loss, the gradient norm and the fp16
+    overflow flag, read together (``Session.reduce_step``), because whether the update runs is decided on the
+    host. Nothing else in the step copies a value to the host (tests/session/test_step_syncs.py counts)."""
     p = s.parts
     cfg = p.cfg
     lrs = set_lr(p.optimizer, cfg.optim, factor_for(cfg.optim, step, p.total_steps))  # each at its own peak
     t0 = time.perf_counter()
-    loss_sum = torch.zeros((), device=p.device)
+    losses = []  # each micro-batch's loss, on the device: summed where they are read (reduce_step)
     for j, (x, y) in enumerate(s.micro_batches(step)):
         with s.no_sync(last_micro=j == p.accum - 1):
             loss = p.micro_loss(p.model, x, y)  # forward under autocast, fp32 cross-entropy; compiled or not
             p.scaler.scale(loss / p.accum).backward()
-        loss_sum += loss.detach()
+        losses.append(loss)
     p.scaler.unscale_(p.optimizer)
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
-    grad_norm = norm_value(torch.nn.utils.clip_grad_norm_(p.model.parameters(), clip))
-    loss_val, batch_sha = s.reduce_step(float(loss_sum) / p.accum)
-    finite = math.isfinite(loss_val) and math.isfinite(grad_norm)
+    grad_norm = replicated(torch.nn.utils.clip_grad_norm_(p.model.parameters(), clip))
+    v = s.reduce_step(losses, grad_norm, overflow_flag(p.scaler, p.optimizer))
     if p.scaler.is_enabled():
-        scale = p.scaler.get_scale()
-        p.scaler.step(p.optimizer)  # skips the update itself when gradients overflowed
+        skipped = v.overflow  # the scaler lowers its scale exactly then (update, below)
+        if getattr(p.optimizer, "_step_supports_amp_scaling", False):
+            p.scaler.step(p.optimizer)  # a fused optimizer skips the update on the device, from the same flag
+        elif not skipped:
+            p.optimizer.step()  # what scaler.step does once its own read of the flag finds no overflow
         p.scaler.update()
-        skipped = p.scaler.get_scale() < scale
     else:
-        skipped = not finite  # grad_norm is post all-reduce, so every rank takes the same branch
+        # grad_norm is post all-reduce, so every rank takes the same branch
+        skipped = not (math.isfinite(v.loss) and math.isfinite(v.grad_norm))
         if not skipped:
             p.optimizer.step()
     p.optimizer.zero_grad(set_to_none=True)
     dt = time.perf_counter() - t0
     tokens = cfg.train.global_batch * cfg.data.seq_len
-    return {"loss": loss_val, **lrs, "grad_norm": grad_norm, "tokens_per_s": tokens / dt,
-            "step_seconds": dt, "skipped": bool(skipped), "batch_sha": batch_sha}
+    return {"loss": v.loss, **lrs, "grad_norm": v.grad_norm, "tokens_per_s": tokens / dt,
+            "step_seconds": dt, "skipped": skipped, "batch_sha": v.batch_sha}
+
+
+def overflow_flag(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
+    """After ``scaler.unscale_(optimizer)``: the device's flag (non-zero when a gradient is inf or NaN) that
+    ``scaler.step`` would read and ``scaler.update`` lowers the scale on; None without a scaler. Under FSDP the
+    unscale already summed it over the ranks' shards."""
+    if not scaler.is_enabled():
+        return None
+    flags = list(scaler._found_inf_per_device(optimizer).values())
+    return flags[0] if len(flags) == 1 else torch.stack([f.to(flags[0].device) for f in flags]).sum()
 
 
 def train(s: Session) -> dict[str, Any]:

@@ -24,6 +24,8 @@ cooldown, so the ratio is conservative. CPU shapes are small: what holds there n
 parameters and a billion tokens.
 
 Run: ``python benchmarks/bench_muon.py`` (both shapes; ``--shape tiny`` or ``--shape test`` for one).
+``--step-time``: only the step times, AdamW, baton's Muon and torch's per-matrix Muon side by side
+(``benchmarks/results/muon_step_time_<shape>.json``).
 Writes ``benchmarks/results/muon_<shape>.png`` (validation loss against tokens, every run) and
 ``benchmarks/results/muon_<shape>.json``.
 """
@@ -49,7 +51,7 @@ DEFAULT_STEPS = {"tiny": 100, "test": 300}
 class Run:
     """One model and optimizer stepping through the shared batches."""
 
-    def __init__(self, label: str, cfg, steps: int):
+    def __init__(self, label: str, cfg, steps: int, per_matrix: bool = False):
         import torch
 
         from baton.model.llama import build_model
@@ -57,9 +59,11 @@ class Run:
 
         self.label, self.cfg, self.steps = label, cfg, steps
         self.model = build_model(cfg.model, "cpu", seed=cfg.train.seed)
-        self.opt = build_optimizer(self.model, cfg, torch.device("cpu"))
+        self.opt = per_matrix_muon(self.model, cfg) if per_matrix else build_optimizer(self.model, cfg,
+                                                                                         torch.device("cpu"))
         self.curve: list[tuple[int, float]] = []  # (tokens, validation loss)
-        self.step_times: list[float] = []
+        self.step_times: list[float] = []  # optimizer.step() alone
+        self.whole_times: list[float] = []  # the whole step: forward, backward, clipping, optimizer, zero_grad
 
     def step(self, step: int, micro: list) -> None:
         import torch
@@ -68,6 +72,7 @@ class Run:
         from baton.model.schedule import factor_for
 
         o = self.cfg.optim
+        t_start = time.perf_counter()
         set_lr(self.opt, o, factor_for(o, step, self.steps))
         for x, y in micro:
             logits = self.model(input_ids=x).logits
@@ -78,6 +83,7 @@ class Run:
         self.opt.step()
         self.step_times.append(time.perf_counter() - t0)
         self.opt.zero_grad(set_to_none=True)
+        self.whole_times.append(time.perf_counter() - t_start)
 
     def evaluate(self, tokens: int, vx, vy) -> float:
         import torch
@@ -93,6 +99,63 @@ class Run:
     @property
     def final(self) -> float:
         return self.curve[-1][1]
+
+
+def per_matrix_muon(model, cfg):
+    """The optimizer ``optim.name = "muon"`` built with torch.optim.Muon itself (one Newton-Schulz per matrix), as
+    baton built it before its Muon batched them: the step-time baseline."""
+    import torch
+
+    from baton.model.optimizer import Combined, adamw, muon_split
+
+    o = cfg.optim
+    names, _ = muon_split(model)
+    params = dict(model.named_parameters())
+    rest = [p for n, p in params.items() if n not in set(names)]
+    hidden = torch.optim.Muon([params[n] for n in names], lr=o.muon_lr, weight_decay=o.muon_weight_decay,
+                              momentum=o.muon_momentum, nesterov=o.muon_nesterov, ns_steps=o.muon_ns_steps,
+                              adjust_lr_fn=o.muon_adjust_lr)
+    return Combined(adamw(model, cfg, torch.device("cpu"), rest), hidden)
+
+
+def step_time(shape: str, args, work: Path) -> dict:
+    """Muon's step time against AdamW's, side by side: the same model, batches and schedule; AdamW, baton's Muon
+    (Newton-Schulz batched over same-shaped matrices) and torch's Muon (one matrix at a time) step in lockstep,
+    each run's whole step and its ``optimizer.step()`` timed; medians after ``--step-warmup`` steps."""
+    from baton.config import load_config
+    from baton.data.reader import WindowDataset, micro_batches
+
+    steps = args.step_time_steps + args.step_warmup
+    cfg_path = write_config(work, f"muon-time-{shape}", shape=shape, steps=steps, data_dir=work / "data",
+                            threads=args.threads)
+    prepare_data(cfg_path)
+    base = load_config(cfg_path)
+    data = WindowDataset(base.data.dir, base.data.seq_len, base.data.shuffle_seed, base.data.val_windows)
+    gb, mb = base.train.global_batch, int(base.train.micro_batch)
+    batches = [list(micro_batches(data.rank_rows(s, gb, 0, 1), mb)) for s in range(steps)]
+
+    def cfg_for(name: str):
+        c = copy.deepcopy(base)
+        c.optim.name = name
+        c.validate()
+        return c
+
+    runs = {"adamw": Run("adamw", cfg_for("adamw"), steps), "muon": Run("muon", cfg_for("muon"), steps),
+            "muon, per matrix": Run("muon, per matrix", cfg_for("muon"), steps, per_matrix=True)}
+    for step in range(steps):
+        for r in runs.values():
+            r.step(step, batches[step])
+    w = args.step_warmup
+    whole = {k: statistics.median(r.whole_times[w:]) for k, r in runs.items()}
+    opt = {k: statistics.median(r.step_times[w:]) for k, r in runs.items()}
+    apart = max(float((a - b).detach().abs().max()) for a, b in zip(runs["muon"].model.parameters(),
+                                                              runs["muon, per matrix"].model.parameters()))
+    return {"shape": shape, "steps_measured": args.step_time_steps, "step_ms": {k: v * 1e3 for k, v in whole.items()},
+            "optimizer_step_ms": {k: v * 1e3 for k, v in opt.items()},
+            "step_ratio": whole["muon"] / whole["adamw"],
+            "step_ratio_per_matrix": whole["muon, per matrix"] / whole["adamw"],
+            "optimizer_ratio_batched_over_per_matrix": opt["muon"] / opt["muon, per matrix"],
+            "max_weight_difference_batched_vs_per_matrix": apart}
 
 
 def lockstep(runs: list[Run], batches: list[list], vx, vy, eval_every: int, tokens_per_step: int) -> None:
@@ -255,6 +318,10 @@ def main() -> None:
     ap.add_argument("--max-widen", type=int, default=4,
                     help="runs added per optimizer past the edge of its grid while its best lies on that edge")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--step-time", action="store_true",
+                    help="only the step times: AdamW, Muon and torch's per-matrix Muon side by side")
+    ap.add_argument("--step-time-steps", type=int, default=20, help="measured steps per run (--step-time)")
+    ap.add_argument("--step-warmup", type=int, default=3, help="steps per run not measured (--step-time)")
     ap.add_argument("--work", default=None, help="working folder (default: $TMPDIR/baton-bench)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="where the plots and JSON go")
     args = ap.parse_args()
@@ -266,6 +333,20 @@ def main() -> None:
     work = default_work_dir() if args.work is None else Path(args.work)
     out = Path(args.out)
     print(f"# Muon vs AdamW: {machine()}")
+    if args.step_time:
+        for shape in (["tiny", "test"] if args.shape == "both" else [args.shape]):
+            r = step_time(shape, args, work)
+            print(f"\n## {shape} shape: step time, {r['steps_measured']} steps each, in lockstep (medians)")
+            print("| optimizer | whole step ms | optimizer.step() ms |\n|---|---|---|")
+            for k, v in r["step_ms"].items():
+                print(f"| {k} | {v:.2f} | {r['optimizer_step_ms'][k]:.2f} |")
+            print(f"  STEP TIME (Muon / AdamW, medians) = {r['step_ratio']:.3f} (torch's per-matrix Muon: "
+                  f"{r['step_ratio_per_matrix']:.3f}); optimizer step, batched / per matrix = "
+                  f"{r['optimizer_ratio_batched_over_per_matrix']:.3f}; weights of the two Muons at most "
+                  f"{r['max_weight_difference_batched_vs_per_matrix']:.2e} apart")
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"muon_step_time_{shape}.json").write_text(json.dumps(r, indent=1), encoding="utf-8")
+        return
     for shape in (["tiny", "test"] if args.shape == "both" else [args.shape]):
         r = bench_shape(shape, args, work, out)
         print(f"\n## {shape} shape: {r['steps']} steps x {r['tokens_per_step']} tokens, {r['seconds']} s")

@@ -11,18 +11,26 @@ below 256, so the loss has somewhere to fall: from ln 49,152 = 10.8 towards ln 2
               checkpointing, seq 1024), bf16 autocast, fp32: 100 steps of 8 x 1024 tokens each; every loss
               finite, the loss falling (mean of the last quarter at least 1 nat under the first quarter's),
               the GradScaler live exactly when fp16 (enabled, and its scale is reported).
-  fp16_fused  why baton refuses train.fused_ce under fp16 (where liger-kernel is installed): the output
-              head's gradient of one micro-batch of 4 x 1024 tokens under fp16 + GradScaler, unfused and
-              fused, each against fp32, then 40 steps of each from the same weights (loss traces).
+  fp16_fused  the fused losses under fp16 + GradScaler: the output head's gradient of one micro-batch of
+              4 x 1024 tokens, unfused, chunked (baton's, which auto picks under fp16 too) and liger (where
+              installed: why baton refuses train.fused_ce = "liger" under fp16), each against fp32, then 40
+              steps of each from the same weights (loss traces).
   speed       seq 2048, 65,536 tokens per step, precision auto, micro_batch auto, no compile: base (sdpa),
               flash2 (flash_attention_2 where the package is installed and the GPU is sm80+; refused with
               baton's own one-line error otherwise), ckpt (activation checkpointing), eager, fused_ce
-              (liger-kernel's fused linear cross-entropy, where installed): tokens/s (median step, each
-              step ending in a device synchronize), MFU (baton/runtime/flops.py) and peak memory allocated.
+              (baton's chunked linear cross-entropy, eager), liger (liger-kernel's fused linear
+              cross-entropy, where installed), muon (Muon for the block matrices, its Newton-Schulz batched):
+              tokens/s (median step, each step ending in a device synchronize), MFU
+              (baton/runtime/flops.py) and peak memory allocated.
+  muon_step   derived: muon's median step time over base's (Muon / AdamW, the same settings otherwise).
+  syncs       the device synchronisations of one training step, counted by torch.cuda.set_sync_debug_mode
+              ("warn"), with the CUDA defaults but compile (fused_ce auto): baton's own step reads once;
+              transformers' Llama adds one per eager forward (its packed-sequence check), which compile
+              removes. Each warning's place is reported.
   micro_auto  the probe's choice in the base case (every micro-batch tried, its peak, the one kept) and
               that training at it did not run out of memory.
-  eval_probe  the micro-batch the probe picks with the defaults on CUDA (fused_ce auto: on with liger-kernel
-              under bf16, where the probe's loss holds no logits), two steps, then the session's evaluation
+  eval_probe  the micro-batch the probe picks with the defaults on CUDA (fused_ce auto: the chunked loss,
+              whose probe holds no logits of the whole micro-batch), two steps, then the session's evaluation
               at that micro-batch: it must not run out of memory (its windows per forward are bounded by a
               logits budget, baton/evaluate/heldout.py).
   trainer     the same shape (seq 2048, micro-batch 8, 65,536 tokens per step) under transformers.Trainer,
@@ -46,15 +54,17 @@ below 256, so the loss has somewhere to fall: from ln 49,152 = 10.8 towards ln 2
   attn_kernel model.attn = auto (on Hopper: SDPA's cuDNN kernel first, then flash), timed like base, then one
               step under torch.profiler: the attention kernels that ran, by name, and which backend they are
               (cudnn, flash, efficient, math); on compute capability 9.0+ the check is that cuDNN's ran.
-  compile     base + torch.compile with fused_ce auto: what the defaults give on CUDA. Compiling 22 layers
-              takes minutes, so it runs once, last, and only when the budget has room for it.
+  compile     base + torch.compile with fused_ce auto: what the defaults give on CUDA (the decoder block
+              compiled once, the chunked loss beside it). Compiling takes minutes on a cold machine, so it runs
+              once, last, and only when the budget has room for it.
   compile_cache  the start-up of two compiled sessions of one run, each a fresh process on an empty machine
               (its own empty work folder and TORCHINDUCTOR_CACHE_DIR): the first compiles cold and pushes the
               compile cache to the store, the second pulls it beside the checkpoint and compiles warm
               (benchmarks/bench_compile_cache.py's relay); pull, build, compile and first step of each, from
               the ledger, and warm / cold start to first step.
 
-Targets: MFU >= 40 % at seq 2048 on an H100/H200 with the best speed case; baton / Trainer >= 1.0.
+Targets: MFU >= 40 % at seq 2048 on an H100/H200 with the best speed case; baton / Trainer >= 1.0; Muon's
+step <= 1.10 x AdamW's.
 
 The run is sized for 9 minutes on an H100/H200, start-up included, and guarded: ``--budget-seconds``
 (default 540) counts from this script's start; a case starts only while the budget holds the time it is
@@ -106,30 +116,33 @@ CASES = {
     "fp32": ("precision", ["train.precision=fp32"]),
     "fp16_fused": ("fused16", ["train.precision=fp16"]),
     "base": ("speed", []),
+    "fused_ce": ("speed", ["train.fused_ce=chunked"]),  # the chunked loss, eager: its memory and tokens/s
+    "muon": ("speed", ["optim.name=muon"]),  # Muon's Newton-Schulz matmuls: its step time beside base's
+    "syncs": ("syncs", ["train.fused_ce=auto"]),
     "eval_probe": ("eval_probe", ["train.fused_ce=auto"]),
     "trainer": ("trainer", []),
     "resume_det": ("resume", ["train.deterministic=true"]),
     "resume_nondet": ("resume", []),
     "fsdp_fp16": ("fsdp_fp16", []),
     "flash2": ("speed", ["model.attn=flash_attention_2"]),
-    "fused_ce": ("speed", ["train.fused_ce=true"]),
+    "liger": ("speed", ["train.fused_ce=liger"]),
     "ckpt": ("speed", ["model.grad_ckpt=true"]),
     "eager": ("speed", ["model.attn=eager"]),
-    "muon": ("speed", ["optim.name=muon"]),  # Muon's Newton-Schulz matmuls: its tokens/s beside base's
     # The commands a person types, as subprocesses, with every device setting left at auto.
     "cli": ("cli", []),
     # The attention auto picks, by the kernels' names in a profile.
     "attn_kernel": ("attn_kernel", ["model.attn=auto"]),
-    # What precision, compile and fused_ce "auto" give on CUDA (with liger-kernel, where installed).
+    # What precision, compile and fused_ce "auto" give on CUDA: the compiled blocks and the chunked loss.
     "compile": ("speed", ["train.compile=true", "train.fused_ce=auto"]),
     # Cold, then warm from the run's compile cache: two processes, each on an empty machine.
     "compile_cache": ("compile_cache", ["train.fused_ce=auto"]),
 }
-NEEDS_CUDA = ("flash2", "fused_ce", "fp16_fused")
+NEEDS_CUDA = ("flash2", "liger", "syncs")
 # Cases whose setting baton itself may refuse on this machine (its one-line error): reported as skipped.
-MAY_REFUSE = ("flash2", "fused_ce", "fp16_fused", "fsdp_fp16")
+MAY_REFUSE = ("flash2", "liger", "fsdp_fp16")
 # Seconds a case is known to need on an H100/H200, start-up included: it does not start with less left.
-NEEDS_SECONDS = {"compile": 120.0, "compile_cache": 150.0, "cli": 150.0, "trainer": 45.0, "fsdp_fp16": 40.0, "fp16_fused": 30.0}
+NEEDS_SECONDS = {"compile": 120.0, "compile_cache": 150.0, "cli": 150.0, "trainer": 45.0, "fsdp_fp16": 40.0,
+                 "fp16_fused": 40.0}
 NEEDS_SECONDS_DEFAULT = 15.0
 
 # Sizes per group: (GPU, smoke). steps: optimizer steps (precision, resume), measured steps after warmup
@@ -141,6 +154,8 @@ SIZES = {
                 {"seq_len": 32, "micro_batch": 2, "global_batch": 2, "steps": 4}),
     "speed": ({"seq_len": 2048, "micro_batch": "auto", "global_batch": 32, "steps": 5, "warmup": 2},
               {"seq_len": 64, "micro_batch": "auto", "global_batch": 8, "steps": 2, "warmup": 1}),
+    "syncs": ({"seq_len": 2048, "micro_batch": 8, "global_batch": 32, "steps": 3},
+              {"seq_len": 64, "micro_batch": 4, "global_batch": 8, "steps": 3}),
     "eval_probe": ({"seq_len": 2048, "micro_batch": "auto", "global_batch": 32, "steps": 2, "val_windows": 64},
                    {"seq_len": 64, "micro_batch": "auto", "global_batch": 8, "steps": 2, "val_windows": 16}),
     "resume": ({"seq_len": 512, "micro_batch": 4, "global_batch": 8, "steps": 12},
@@ -165,7 +180,7 @@ SMOKE_MODEL = {"n_layers": 2, "hidden": 64, "n_heads": 4, "n_kv_heads": 2, "ffn"
 DATA_VOCAB = 256  # synthetic tokens are uniform below this
 FALL_NATS = (1.0, 0.1)  # the loss must fall at least this much (GPU, smoke) from the first to the last quarter
 RESUME_RTOL = 1e-3  # without train.deterministic, each step's loss within this relative difference
-MFU_TARGET, TRAINER_TARGET = 0.40, 1.0
+MFU_TARGET, TRAINER_TARGET, MUON_TARGET = 0.40, 1.0, 1.10
 
 
 # ------------------------------------------------------------------------------------- in a case process
@@ -198,7 +213,8 @@ def case_sets(args, name: str, extra: list[str] = ()):
     case_dir = Path(args.work) / "cases" / name
     mb = size["micro_batch"]
     # Timed groups run far from their horizon: no final evaluation or export lands among their steps.
-    horizon = 1000 if group in ("speed", "eval_probe", "trainer", "attn_kernel", "compile_cache") else size["steps"]
+    horizon = 1000 if group in ("speed", "eval_probe", "trainer", "attn_kernel", "compile_cache", "syncs") \
+        else size["steps"]
     sets = [f"{k}={v}" for k, v in settings.items()] + [
         f"run.name={name}", f"run.local_dir={case_dir / 'runs'}", f"store.url={case_dir / 'store'}",
         f"data.seq_len={size['seq_len']}", f"model.max_seq_len={max(256, size['seq_len'])}",
@@ -264,49 +280,51 @@ def head_gradient(model, loss_fn, x, y, scale: float):
 
 
 def run_fused16(args, name: str) -> dict:
-    """fp16 + GradScaler with the unfused and the fused loss: the head's gradient against fp32, loss traces."""
+    """fp16 + GradScaler with the unfused loss, the chunked one and liger's (where installed): the head's gradient
+    against fp32, loss traces."""
     import dataclasses
 
     import torch
 
-    from baton.errors import ConfigError
     from baton.loop import train_step
     from baton.runtime import autotune, fused_ce
     from baton.session.core import Session
 
-    if not fused_ce.installed():
-        raise ConfigError('liger-kernel is not installed (pip install "baton[liger]")')
+    kinds = ["unfused", "chunked"] + (["liger"] if fused_ce.installed() else [])
     traces, rel = {}, {}
-    for fused in (False, True):
-        cfg, size, _ = case_config(args, name, [f"run.name={name}-{'fused' if fused else 'unfused'}"])
+    for kind in kinds:
+        cfg, size, _ = case_config(args, name, [f"run.name={name}-{kind}"])
         s = Session(cfg, resume="never", progress=False)
         try:
-            if fused:  # baton refuses train.fused_ce=true under fp16; the loss is put in by hand to show why
-                s.parts = dataclasses.replace(s.parts, micro_loss=autotune.micro_loss_fn(torch.float16, False, fused=True))
+            if kind != "unfused":  # baton refuses liger under fp16; its loss is put in by hand to show why
+                loss_fn = autotune.micro_loss_fn(torch.float16, False, fused=kind)
+                s.parts = dataclasses.replace(s.parts, micro_loss=loss_fn)
             x, y = next(iter(s.micro_batches(0)))
             model = getattr(s.parts.model, "module", s.parts.model)
             ref = head_gradient(model, autotune.micro_loss_fn(None, False), x, y, 1.0)
             got = head_gradient(model, s.parts.micro_loss, x, y, 2.0**16)  # the GradScaler's initial scale
-            rel["fused" if fused else "unfused"] = float((got - ref).norm() / ref.norm())
+            rel[kind] = float((got - ref).norm() / ref.norm())
             losses = []
             for step in range(size["steps"]):
                 m = train_step(s, step)
                 s.record(step + 1, m)
                 losses.append(m["loss"])
-            traces["fused" if fused else "unfused"] = losses
+            traces[kind] = losses
         finally:
             s.close()
     q = max(1, size["steps"] // 4)
     last = {k: statistics.mean(v[-q:]) for k, v in traces.items()}
-    return {"precision": "fp16", "attn": cfg.model.attn, "fused_ce": "both",
-            "head_grad_rel_error_unfused": rel["unfused"], "head_grad_rel_error_fused": rel["fused"],
-            "loss_last_quarter_unfused": last["unfused"], "loss_last_quarter_fused": last["fused"],
-            "loss_trace_unfused": traces["unfused"], "loss_trace_fused": traces["fused"],
-            # The unfused fp16 gradient must match fp32; the fused one is what the refusal rests on (reported).
-            "checks": {"unfused_fp16_head_grad_within_5pct_of_fp32": rel["unfused"] <= 0.05},
-            "refusal_supported": rel["fused"] > 10 * rel["unfused"],
-            "note": f"head grad rel. error vs fp32: unfused {rel['unfused']:.1e}, fused {rel['fused']:.1e}; loss "
-                    f"after {size['steps']} steps {last['unfused']:.2f} vs {last['fused']:.2f}"}
+    out = {"precision": "fp16", "attn": cfg.model.attn, "fused_ce": "/".join(kinds)}
+    for k in kinds:
+        out.update({f"head_grad_rel_error_{k}": rel[k], f"loss_last_quarter_{k}": last[k], f"loss_trace_{k}": traces[k]})
+    # The unfused and the chunked fp16 gradients must match fp32; liger's is what its refusal rests on (reported).
+    out["checks"] = {"unfused_fp16_head_grad_within_5pct_of_fp32": rel["unfused"] <= 0.05,
+                     "chunked_fp16_head_grad_within_5pct_of_fp32": rel["chunked"] <= 0.05}
+    if "liger" in rel:
+        out["refusal_supported"] = rel["liger"] > 10 * rel["unfused"]
+    out["note"] = ("head grad rel. error vs fp32: " + ", ".join(f"{k} {rel[k]:.1e}" for k in kinds)
+                   + f"; loss after {size['steps']} steps " + " / ".join(f"{last[k]:.2f}" for k in kinds))
+    return out
 
 
 def run_speed(args, name: str) -> dict:
@@ -427,6 +445,51 @@ def run_compile_cache(args, name: str) -> dict:
     return {"compile": True, "cold": cold, "warm": warm, "ratio": r["ratio"],
             "checks": {"second_session_compiled_warm": warm["compile"] == "warm"},
             "note": f"warm / cold start to first step {r['ratio']:.3f}; cold {said(cold)}; warm {said(warm)}"}
+
+
+def run_syncs(args, name: str) -> dict:
+    """The synchronising CUDA calls of one step (after two that build the lazy state), each with its place."""
+    import traceback
+    import warnings
+
+    import torch
+
+    from baton.loop import train_step
+    from baton.session.core import Session
+
+    cfg, size, _ = case_config(args, name)
+    s = Session(cfg, resume="never", progress=False)
+    try:
+        for step in range(size["steps"] - 1):
+            train_step(s, step)
+        synchronize(s.parts.device)
+        places: list[str] = []
+        show = warnings.showwarning
+
+        def seen(message, category, filename, lineno, file=None, line=None):
+            frames = [f for f in traceback.extract_stack()[:-1] if "warnings" not in f.filename]
+            places.append(f"{frames[-1].filename.rsplit('/', 2)[-2]}/{frames[-1].filename.rsplit('/', 1)[-1]}:"
+                          f"{frames[-1].lineno}" if frames else f"{filename}:{lineno}")
+
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("always")
+                warnings.showwarning = seen
+                train_step(s, size["steps"] - 1)
+        finally:
+            warnings.showwarning = show
+            torch.cuda.set_sync_debug_mode("default")
+    finally:
+        s.close()
+    own = [w for w in places if "baton/" in w or w.startswith(("session/", "runtime/"))]
+    forwards = s.parts.accum
+    return {"precision": cfg.train.precision, "attn": cfg.model.attn, "compile": cfg.train.compile,
+            "fused_ce": cfg.train.fused_ce, "micro_batch": s.parts.micro_batch, "accumulation": forwards,
+            "syncs": len(places), "places": places,
+            "checks": {"at_most_one_read_by_baton_and_one_per_forward": len(places) <= 1 + forwards},
+            "note": f"{len(places)} synchronisations in one step of {forwards} micro-batches"
+                    + (f" ({len(own)} in baton)" if own else "") + ": " + ", ".join(places)[:300]}
 
 
 def run_eval_probe(args, name: str) -> dict:
@@ -656,7 +719,7 @@ def run_cli(args, name: str) -> dict:
 
 RUNNERS = {"precision": run_precision, "fused16": run_fused16, "speed": run_speed, "eval_probe": run_eval_probe,
            "resume": run_resume, "trainer": run_trainer, "fsdp_fp16": run_fsdp_fp16, "cli": run_cli,
-           "attn_kernel": run_attn_kernel, "compile_cache": run_compile_cache}
+           "attn_kernel": run_attn_kernel, "compile_cache": run_compile_cache, "syncs": run_syncs}
 
 
 def case_main(args) -> None:
@@ -716,7 +779,7 @@ def skip_reason(name: str, smoke: bool) -> str | None:
         return "smoke (CPU code generation takes minutes; measured on the GPU)"
     if name == "trainer" and importlib.util.find_spec("accelerate") is None:
         return 'accelerate not installed (pip install -e ".[bench]")'
-    return None  # flash2 and fused_ce are decided by baton itself in the case's process (MAY_REFUSE)
+    return None  # flash2 and liger are decided by baton itself in the case's process (MAY_REFUSE)
 
 
 def run_case(args, name: str, deadline: float) -> dict:
@@ -751,7 +814,8 @@ def run_case(args, name: str, deadline: float) -> dict:
 
 
 def derived(rows: dict[str, dict], smoke: bool) -> list[dict]:
-    """Rows that read another case's result: the micro-batch probe (from base) and the verdicts."""
+    """Rows that read another case's result: the micro-batch probe (from base) and Muon's step against AdamW's
+    (muon over base)."""
     out = []
     base = rows.get("base", {})
     if base.get("status") == "ok":
@@ -765,6 +829,16 @@ def derived(rows: dict[str, dict], smoke: bool) -> list[dict]:
     else:
         out.append({"case": "micro_auto", "group": "micro_auto", "wall_seconds": 0.0,
                     "status": f"skipped: base {base.get('status', 'not run')}"})
+    base, muon = rows.get("base", {}), rows.get("muon", {})
+    if base.get("status") == "ok" and muon.get("status") == "ok":
+        ratio = muon["step_seconds_median"] / base["step_seconds_median"]
+        out.append({"case": "muon_step", "group": "muon_step", "status": "ok", "wall_seconds": 0.0, "ratio": ratio,
+                    "micro_batch": muon["micro_batch"], "accumulation": muon["accumulation"],
+                    "note": f"Muon / AdamW step time {ratio:.3f} ({muon['step_seconds_median'] * 1e3:.0f} ms / "
+                            f"{base['step_seconds_median'] * 1e3:.0f} ms), target <= {MUON_TARGET}"})
+    else:
+        out.append({"case": "muon_step", "group": "muon_step", "wall_seconds": 0.0,
+                    "status": f"skipped: base {base.get('status', 'not run')}, muon {muon.get('status', 'not run')}"})
     return out
 
 
@@ -787,7 +861,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def verdicts(rows: dict[str, dict], smoke: bool) -> dict:
+def verdicts(rows: dict[str, dict], smoke: bool, derived_rows: list[dict] = ()) -> dict:
     speed = [r for r in rows.values() if r["group"] == "speed" and r["status"] == "ok" and r.get("mfu") is not None]
     best = max(speed, key=lambda r: r["mfu"], default=None)
     trainer = rows.get("trainer", {})
@@ -795,8 +869,11 @@ def verdicts(rows: dict[str, dict], smoke: bool) -> dict:
          "mfu_target": MFU_TARGET, "mfu_target_met": (best["mfu"] >= MFU_TARGET) if best else None,
          "trainer_ratio": trainer.get("ratio"), "trainer_target": TRAINER_TARGET,
          "trainer_target_met": trainer["ratio"] >= TRAINER_TARGET if trainer.get("status") == "ok" else None}
+    muon = next((r for r in derived_rows if r["case"] == "muon_step" and r["status"] == "ok"), None)
+    v.update({"muon_step_ratio": muon["ratio"] if muon else None, "muon_target": MUON_TARGET,
+              "muon_target_met": muon["ratio"] <= MUON_TARGET if muon else None})
     if smoke:  # nothing is measured on CPU: the targets are for the GPU
-        v["mfu_target_met"] = v["trainer_target_met"] = None
+        v["mfu_target_met"] = v["trainer_target_met"] = v["muon_target_met"] = None
     return v
 
 
@@ -836,9 +913,10 @@ def parent_main(args) -> int:
     with ThreadPoolExecutor(max_workers=args.jobs if args.smoke else 1) as pool:
         for name, r in zip(names, pool.map(one, names)):
             rows[name] = r
-    all_rows = list(rows.values()) + derived(rows, args.smoke)
+    more = derived(rows, args.smoke)
+    all_rows = list(rows.values()) + more
     wall = time.monotonic() - t_start
-    v = verdicts(rows, args.smoke)
+    v = verdicts(rows, args.smoke, more)
     device = next((r["device"] for r in rows.values() if r.get("device")), "cpu" if args.smoke else "cuda")
     print(f"\n## gpu_check: {device}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, total {wall:.0f} s\n")
     print(table(all_rows))
@@ -847,6 +925,8 @@ def parent_main(args) -> int:
           f"{'n/a' if v['mfu_target_met'] is None else 'OK' if v['mfu_target_met'] else 'MISSED'}")
     print(f"baton / Trainer tokens/s {fmt(v['trainer_ratio'], '.3f')}, target >= {TRAINER_TARGET}: "
           f"{'n/a' if v['trainer_target_met'] is None else 'OK' if v['trainer_target_met'] else 'MISSED'}")
+    print(f"Muon / AdamW step time {fmt(v['muon_step_ratio'], '.3f')}, target <= {MUON_TARGET}: "
+          f"{'n/a' if v['muon_target_met'] is None else 'OK' if v['muon_target_met'] else 'MISSED'}")
     failed = [r["case"] for r in all_rows
               if r["status"] in ("FAILED", "CHECK FAILED") or r["status"].startswith("timeout")]
     out = Path(args.out) if args.out else Path(os.environ.get("OUT") or work) / "gpu_check.json"

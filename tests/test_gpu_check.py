@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN_ON_CPU = ("fp16", "bf16", "fp32", "base", "eval_probe", "resume_det", "resume_nondet", "fsdp_fp16", "ckpt",
-              "eager", "cli", "attn_kernel")
+RUN_ON_CPU = ("fp16", "bf16", "fp32", "fp16_fused", "base", "fused_ce", "muon", "eval_probe", "resume_det",
+              "resume_nondet", "fsdp_fp16", "ckpt", "eager", "cli", "attn_kernel")
 
 
 def test_gpu_check_smoke(tmp_path):
@@ -28,7 +28,7 @@ def test_gpu_check_smoke(tmp_path):
     for name in RUN_ON_CPU:
         assert rows[name]["status"] == "ok", rows[name]
     # Nothing that needs CUDA is passed off as run.
-    for name in ("flash2", "fused_ce", "fp16_fused"):
+    for name in ("flash2", "liger", "syncs"):
         assert rows[name]["status"] == "skipped: no CUDA"
     assert rows["compile"]["status"].startswith("skipped: smoke")
     assert rows["compile_cache"]["status"].startswith("skipped: smoke")
@@ -48,9 +48,17 @@ def test_gpu_check_smoke(tmp_path):
     assert rows["resume_det"]["deterministic"] is True and rows["resume_det"]["bit_identical"] is True
     assert rows["resume_nondet"]["deterministic"] is False and rows["resume_nondet"]["checks"]["loss_within_rtol"]
     # Speed rows measure on CPU but claim no MFU (no peak to divide by), and no target is judged.
-    for name in ("base", "ckpt", "eager"):
+    for name in ("base", "ckpt", "eager", "fused_ce", "muon"):
         assert rows[name]["tokens_per_s"] > 0 and rows[name]["mfu"] is None
     assert rows["ckpt"]["grad_ckpt"] is True and rows["eager"]["attn"] == "eager"
+    assert rows["fused_ce"]["fused_ce"] == "chunked" and rows["base"]["fused_ce"] is False
+    # Muon's step against AdamW's, derived from the two rows; no target is judged on CPU.
+    assert rows["muon_step"]["status"] == "ok" and rows["muon_step"]["ratio"] > 0
+    assert res["verdicts"]["muon_step_ratio"] == rows["muon_step"]["ratio"]
+    # fp16 + GradScaler: the unfused and the chunked loss's head gradients both match fp32 (liger where installed).
+    f16 = rows["fp16_fused"]
+    assert f16["checks"]["unfused_fp16_head_grad_within_5pct_of_fp32"]
+    assert f16["checks"]["chunked_fp16_head_grad_within_5pct_of_fp32"]
     assert rows["micro_auto"]["status"] == "ok" and rows["micro_auto"]["micro_batch"] == rows["base"]["micro_batch"]
     # The evaluation after the probe: every held-out window, in forwards the logits budget allows.
     ev = rows["eval_probe"]
@@ -77,6 +85,7 @@ def test_gpu_check_smoke(tmp_path):
     if rows["trainer"]["status"] == "ok":
         assert rows["trainer"]["steps_each"] == 4 and rows["trainer"]["steps_measured"] == 3
     assert res["verdicts"]["mfu_target_met"] is None and res["verdicts"]["trainer_target_met"] is None
+    assert res["verdicts"]["muon_target_met"] is None
     assert all(r["wall_seconds"] >= 0 for r in res["cases"])
     # One table with a row per case.
     for name in rows:

@@ -51,26 +51,35 @@ def test_session_refuses_flash_attention_2_at_start(make_config):
 
 def test_fused_ce_decision():
     d = fused_ce.decide
-    assert d("auto", "cuda", True) is True
-    assert d("auto", "cuda", False) is False and d("auto", "cpu", True) is False
-    assert d("auto", "cuda", True, "fsdp") is False
-    assert d(False, "cuda", True) is False and d(True, "cuda", True) is True
-    with pytest.raises(ConfigError, match=r'needs the liger-kernel package \(pip install "baton\[liger\]"\)'):
-        d(True, "cuda", False)
+    # auto: baton's chunked loss on CUDA, whatever is installed; off on CPU and under FSDP.
+    assert d("auto", "cuda") == ("chunked", "cuda") and d("auto", "cuda", True) == ("chunked", "cuda")
+    assert d("auto", "cpu", True) == (False, "cpu")
+    assert d("auto", "cuda", True, "fsdp") == (False, "train.parallel fsdp")
+    assert d(False, "cuda", True) == (False, "off")
+    # true is chunked, on any device: plain torch runs everywhere.
+    for setting in (True, "chunked"):
+        assert d(setting, "cuda") == ("chunked", "set") and d(setting, "cpu") == ("chunked", "set")
+    assert d("liger", "cuda", True) == ("liger", "set")
+    with pytest.raises(ConfigError, match=r'needs the liger-kernel package \(pip install "baton\[liger\]", or set '
+                                          r'train.fused_ce = "chunked"\)'):
+        d("liger", "cuda", False)
     with pytest.raises(ConfigError, match="needs a CUDA GPU .* runs on cpu"):
-        d(True, "cpu", True)
-    with pytest.raises(ConfigError, match="fsdp"):
-        d(True, "cuda", True, "fsdp")
-    with pytest.raises(ConfigError, match="train.fused_ce='yes' is not auto, true or false"):
+        d("liger", "cpu", True)
+    for setting in (True, "chunked", "liger"):
+        with pytest.raises(ConfigError, match="does not run under train.parallel='fsdp'"):
+            d(setting, "cuda", True, "fsdp")
+    with pytest.raises(ConfigError, match="train.fused_ce='yes' is not auto, chunked, liger, true or false"):
         load_config(None, ["train.fused_ce=yes"])
 
 
 def test_fused_ce_resolves_on_this_machine(make_config):
     cfg = load_config(make_config())
     notes = resolve(cfg, torch.device("cpu"), 1)
-    assert cfg.train.fused_ce is False and notes["fused_ce"] == "auto -> False"
-    with pytest.raises(ConfigError, match="train.fused_ce=true needs a CUDA GPU"):
-        resolve(load_config(make_config(), ["train.fused_ce=true"]), torch.device("cpu"), 1)
+    assert cfg.train.fused_ce is False and notes["fused_ce"] == "auto -> False (cpu)"
+    cfg = load_config(make_config(), ["train.fused_ce=true"])
+    assert "fused_ce" not in resolve(cfg, torch.device("cpu"), 1) and cfg.train.fused_ce == "chunked"
+    with pytest.raises(ConfigError, match="train.fused_ce='liger' needs a CUDA GPU"):
+        resolve(load_config(make_config(), ["train.fused_ce=liger"]), torch.device("cpu"), 1)
 
 
 def test_fused_head_inputs_give_the_models_logits():
@@ -137,32 +146,35 @@ def test_fused_ce_logit_gradients_underflow_in_fp16_before_the_loss_scale():
     assert int(((probs / tokens).bfloat16() == 0).sum()) == 0
 
 
-def test_fused_ce_is_off_under_fp16_and_true_with_fp16_is_refused(monkeypatch):
+def test_liger_is_refused_under_fp16_and_auto_takes_the_chunked_loss_there(monkeypatch):
     from baton.config import FUSED_CE_FP16
 
-    assert fused_ce.decide("auto", "cuda", True, "ddp", "fp16") is False
-    assert fused_ce.decide("auto", "cuda", True, "ddp", "bf16") is True
-    line = ('train.fused_ce=true does not run under precision fp16: the fused kernel makes the logits\' gradient in '
-            'fp16 before the loss scale applies, and most of it rounds to zero (set train.fused_ce = "auto" or '
-            'false, or train.precision = "bf16" on an Ampere or newer GPU)')
+    line = ('train.fused_ce=\'liger\' does not run under precision fp16: its kernel makes the logits\' gradient in '
+            'fp16 before the loss scale applies, and most of it rounds to zero (set train.fused_ce = "chunked", '
+            '"auto" or false, or train.precision = "bf16" on an Ampere or newer GPU)')
     assert FUSED_CE_FP16 == line
     with pytest.raises(ConfigError) as e:
-        load_config(None, ["train.fused_ce=true", "train.precision=fp16"])
+        load_config(None, ["train.fused_ce=liger", "train.precision=fp16"])
     assert str(e.value) == f"invalid config: {line}"
-    # On a T4, precision auto becomes fp16: auto leaves the fused loss off, true is refused in the same line.
+    load_config(None, ["train.fused_ce=true", "train.precision=fp16"])  # the chunked loss scales first: allowed
+    # On a T4, precision auto becomes fp16: auto takes the chunked loss, liger is refused in the same line.
     monkeypatch.setattr(fused_ce, "installed", lambda: True)
     t4 = fake_gpu(monkeypatch, (7, 5), "Tesla T4")
     cfg = load_config(None, ["train.precision=auto", *ON_GPU])
     notes = resolve(cfg, t4, 1)
-    assert cfg.train.precision == "fp16" and cfg.train.fused_ce is False and notes["fused_ce"] == "auto -> False"
+    assert cfg.train.precision == "fp16" and cfg.train.fused_ce == "chunked" and notes["fused_ce"] == \
+        "auto -> chunked (cuda)"
     with pytest.raises(ConfigError) as e:
-        resolve(load_config(None, ["train.precision=auto", "train.fused_ce=true", *ON_GPU]), t4, 1)
+        resolve(load_config(None, ["train.precision=auto", "train.fused_ce=liger", *ON_GPU]), t4, 1)
     assert str(e.value) == line
-    # On an H100 auto picks bf16 and the fused loss with it.
+    # On an H100 auto picks bf16 and the chunked loss with it; liger only when asked for.
     h100 = fake_gpu(monkeypatch, (9, 0), "NVIDIA H100 80GB HBM3")
     cfg = load_config(None, ["train.precision=auto", *ON_GPU])
     resolve(cfg, h100, 1)
-    assert cfg.train.precision == "bf16" and cfg.train.fused_ce is True
+    assert cfg.train.precision == "bf16" and cfg.train.fused_ce == "chunked"
+    cfg = load_config(None, ["train.precision=auto", "train.fused_ce=liger", *ON_GPU])
+    resolve(cfg, h100, 1)
+    assert cfg.train.fused_ce == "liger"
 
 
 def test_bf16_below_ampere_is_refused_in_one_line(monkeypatch):

@@ -138,6 +138,11 @@ class WindowDataset:
         self.vocab_size: int = self.manifest["tokenizer"]["vocab_size"]
         self._perms: dict[int, Permutation] = {}
         self.permutation_fingerprint = self._perm(0).fingerprint()
+        # A corpus of one shard (a small run's): every window is a row of one strided view of it, so a read of
+        # many windows is one gather instead of a slice and a copy per window.
+        one = self.stream.shards[0] if len(self.stream.shards) == 1 else None
+        self._one = None if one is None else np.lib.stride_tricks.as_strided(
+            one, shape=(self.n_windows, seq_len + 1), strides=(seq_len * one.itemsize, one.itemsize), writeable=False)
         self._id_block: tuple[int, np.ndarray] | None = None  # (first sample, window ids from there)
         self._last_start: int | None = None  # the last sample a block miss started at
         self.skipped: tuple[tuple[int, int], ...] = ()
@@ -196,17 +201,20 @@ class WindowDataset:
         every token first (benchmarks/bench_reader.py measures both against bare numpy).
         """
         L = self.seq_len
-        starts = np.asarray(ids, dtype=np.int64) * L
-        out = np.empty((len(starts), L + 1), dtype=np.int64)
-        offsets, shards = self.stream.offsets, self.stream.shards
-        shard = np.searchsorted(offsets, starts, side="right") - 1
-        local = starts - offsets[shard]
-        for j, (k, lo) in enumerate(zip(shard.tolist(), local.tolist())):
-            a = shards[k]
-            if lo + L + 1 <= a.size:
-                out[j] = a[lo : lo + L + 1]
-            else:  # the rare window across a shard join
-                out[j] = self.stream.read(int(starts[j]), L + 1)
+        if self._one is not None:
+            out = self._one[np.asarray(ids, dtype=np.int64)].astype(np.int64)
+        else:
+            starts = np.asarray(ids, dtype=np.int64) * L
+            out = np.empty((len(starts), L + 1), dtype=np.int64)
+            offsets, shards = self.stream.offsets, self.stream.shards
+            shard = np.searchsorted(offsets, starts, side="right") - 1
+            local = starts - offsets[shard]
+            for j, (k, lo) in enumerate(zip(shard.tolist(), local.tolist())):
+                a = shards[k]
+                if lo + L + 1 <= a.size:
+                    out[j] = a[lo : lo + L + 1]
+                else:  # the rare window across a shard join
+                    out[j] = self.stream.read(int(starts[j]), L + 1)
         # A token the model has no embedding for would end the session in an index error deep in the model:
         # said here, in one line (shards that match their manifest but were not written with this tokenizer).
         if out.size and int(out.max()) >= self.vocab_size:
@@ -264,9 +272,20 @@ class WindowDataset:
 
 
 def micro_batches(rows: torch.Tensor, micro_batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(inputs, labels) of each micro-batch of a rank's share (``WindowDataset.rank_rows``), as views."""
-    for j in range(0, len(rows), micro_batch):
-        yield rows[j : j + micro_batch, :-1], rows[j : j + micro_batch, 1:]
+    """(inputs, labels) of each micro-batch of a rank's share (``WindowDataset.rank_rows``). On the host each
+    is contiguous: the share's inputs and labels are copied apart once, in numpy, so the model does not copy a
+    strided view of every micro-batch again (an embedding and a cross-entropy take them flat). On a GPU they
+    are views of the one copy there."""
+    import torch
+
+    if rows.device.type != "cpu":
+        for j in range(0, len(rows), micro_batch):
+            yield rows[j : j + micro_batch, :-1], rows[j : j + micro_batch, 1:]
+        return
+    r = rows.numpy()
+    x, y = np.ascontiguousarray(r[:, :-1]), np.ascontiguousarray(r[:, 1:])
+    for j in range(0, len(r), micro_batch):
+        yield torch.from_numpy(x[j : j + micro_batch]), torch.from_numpy(y[j : j + micro_batch])
 
 
 def prefix_collisions(ds: WindowDataset, k: int = 64) -> int:

@@ -1,8 +1,9 @@
 """The optimizer a run uses and the precision it must run in.
 
 ``optim.name = "adamw"``: AdamW for every parameter (no decay on norms and biases). ``"muon"``: torch's Muon
-for the 2-D weight matrices inside the transformer blocks (attention q/k/v/o, MLP gate/up/down), AdamW for
-everything else (embeddings, the output head, norms). The two step as one optimizer (``Combined``), so the
+(its Newton-Schulz iterations batched over same-shaped matrices: baton.model.muon) for the 2-D weight matrices
+inside the transformer blocks (attention q/k/v/o, MLP gate/up/down), AdamW for everything else (embeddings, the
+output head, norms). The two step as one optimizer (``Combined``), so the
 GradScaler, gradient clipping, the schedule and the checkpoint see a single object.
 """
 
@@ -61,7 +62,9 @@ def muon(model: torch.nn.Module, cfg: Config, device: torch.device) -> Combined:
     params = dict(model.named_parameters())
     matrices = [params[n] for n in names]
     rest = [p for n, p in params.items() if n not in chosen]
-    hidden = torch.optim.Muon(matrices, lr=o.muon_lr, weight_decay=o.muon_weight_decay, momentum=o.muon_momentum,
+    from .muon import Muon  # torch 2.9 and newer (runtime.features says so before a session gets here)
+
+    hidden = Muon(matrices, lr=o.muon_lr, weight_decay=o.muon_weight_decay, momentum=o.muon_momentum,
                               nesterov=o.muon_nesterov, ns_steps=o.muon_ns_steps, adjust_lr_fn=o.muon_adjust_lr)
     return Combined(adamw(model, cfg, device, rest), hidden)
 

@@ -70,10 +70,11 @@ def resolve(cfg: Config, device: torch.device, world: int) -> dict[str, Any]:
         notes["compile_scope"] = (f"blocks -> model (torch {torch.__version__.split('+')[0]} would compile every "
                                   "layer anew; torch 2.5 and newer share one compiled block)")
     # Before the micro-batch: the probe measures the loss the run will use, and the logits dominate memory.
-    # After the precision: auto keeps it off under fp16, and true with fp16 is refused (see fused_ce).
-    fused = fused_ce.decide(t.fused_ce, device.type, fused_ce.installed(), t.parallel, t.precision)
+    # After the precision: liger under fp16 is refused (see fused_ce), also when auto chose fp16.
+    fused, why = fused_ce.decide(t.fused_ce, device.type, t.fused_ce == "liger" and fused_ce.installed(), t.parallel)
+    fused_ce.refuse_liger_fp16(fused, t.precision)
     if t.fused_ce == "auto":
-        notes["fused_ce"] = f"auto -> {fused}"
+        notes["fused_ce"] = f"auto -> {fused} ({why})"
     t.fused_ce = fused
     if t.micro_batch == "auto":
         per_rank = t.global_batch // world
@@ -148,7 +149,7 @@ def probe_micro_batch(cfg: Config, device: torch.device, per_rank: int) -> tuple
     extra = 3 if torch.distributed.is_initialized() else 2
     reserve = torch.empty(extra * n, dtype=torch.float32, device=device)
     precision = resolve_precision(device) if cfg.train.precision == "auto" else cfg.train.precision  # as it trains
-    loss_fn = micro_loss_fn(AUTOCAST.get(precision), compiled=False, fused=bool(cfg.train.fused_ce))
+    loss_fn = micro_loss_fn(AUTOCAST.get(precision), compiled=False, fused=cfg.train.fused_ce)
     try:
         chosen, tried = choose_micro_batch(
             micro_batch_candidates(per_rank),
@@ -207,22 +208,23 @@ def _try_micro_batch(model, loss_fn, mb: int, seq_len: int, device, total: int) 
 
 
 def micro_loss_fn(autocast_dtype: torch.dtype | None, compiled: bool, backend: str | Callable | None = None,
-                  fused: bool = False, scope: str = "model") -> Callable:
+                  fused: bool | str = False, scope: str = "model") -> Callable:
     """``loss(model, x, y)`` of one micro-batch: forward under autocast, cross-entropy in fp32.
 
     Compiled, the graph spans the model and the loss, so the fp32 upcast of the logits and the
     cross-entropy fuse instead of materialising a second copy of the logits. ``scope="blocks"``: the decoder
     block is compiled once and shared by every layer, and the loss on its own (baton.runtime.regional).
-    ``fused``: the head and the cross-entropy in one chunked kernel instead (baton.runtime.fused_ce), so no
-    logits are materialised at all; compiled, only the model's body is, and the fused kernel runs beside the
-    graph (a Triton kernel of its own, which fake-tensor tracing cannot always follow). Either way a
-    compilation that fails falls back to eager for the session (baton.runtime.compiled), never ends it.
+    ``fused`` ("chunked", "liger"; true is "chunked"): the head and the cross-entropy computed a chunk of rows
+    at a time instead (baton.runtime.fused_ce), so the logits of the whole micro-batch never exist; chunked is
+    compiled with the model (or, by blocks, on its own beside the compiled blocks), liger's kernel runs beside
+    the compiled body. Either way a compilation that fails falls back to eager for the session
+    (baton.runtime.compiled), never ends it.
     """
     if compiled and scope == "blocks":
         return _blocks_loss_fn(autocast_dtype, backend, fused)
     if fused:
-        body = CompiledOrEager(fused_ce.head_inputs, "the model body", backend) if compiled else fused_ce.head_inputs
-        return fused_ce.micro_loss_fn(autocast_dtype, body)
+        return fused_ce.micro_loss_fn("chunked" if fused is True else fused,  # type: ignore[arg-type]
+                                      autocast_dtype, compiled, backend)
 
     def micro_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         ctx = torch.autocast(x.device.type, dtype=autocast_dtype) if autocast_dtype is not None else nullcontext()
@@ -234,10 +236,13 @@ def micro_loss_fn(autocast_dtype: torch.dtype | None, compiled: bool, backend: s
 
 
 def _cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+    if logits.dtype != torch.float32:  # (fp32 already on CPU: .float() would still cost a dispatch)
+        logits = logits.float()
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
 
 
-def _blocks_loss_fn(autocast_dtype: torch.dtype | None, backend: str | Callable | None, fused: bool) -> Callable:
+def _blocks_loss_fn(autocast_dtype: torch.dtype | None, backend: str | Callable | None,
+                    fused: bool | str) -> Callable:
     """The micro-loss with the decoder block compiled once for every layer (and, unfused, the loss compiled on its
     own, where the fp32 upcast of the logits fuses into the cross-entropy)."""
     parts: list[Any] = []
@@ -247,7 +252,9 @@ def _blocks_loss_fn(autocast_dtype: torch.dtype | None, backend: str | Callable 
             blocks.install(model)
             return fused_ce.head_inputs(model, x)
 
-        fn = fused_ce.micro_loss_fn(autocast_dtype, body)
+        fn = fused_ce.micro_loss_fn("chunked" if fused is True else fused,  # type: ignore[arg-type]
+                                    autocast_dtype, True, backend, body=body)
+        parts.extend(getattr(fn, "compiled_parts", []))
         fn.compiled_parts = parts  # type: ignore[attr-defined]
         return fn
     loss = CompiledOrEager(_cross_entropy, "the loss", backend)

@@ -118,13 +118,11 @@ def total(value: float, device: torch.device) -> float:
     return _reduce(value, dist.ReduceOp.SUM, device)
 
 
-def sum_vector(values: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Element-wise sum over ranks of a float64 vector (one collective for several step quantities)."""
-    if not dist.is_initialized():
-        return values
-    t = values.to(device=device, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t.cpu()
+def sum_(t: torch.Tensor) -> torch.Tensor:
+    """``t`` summed over ranks in place, where it lies (on the GPU: no copy to the host, no wait for it)."""
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
 
 
 def any_true(flag: bool, device: torch.device) -> bool:

@@ -123,8 +123,13 @@ def _to_host(tree: Any) -> Any:
     return tree
 
 
+def replicated(t: torch.Tensor) -> torch.Tensor:
+    """A replicated DTensor (what clip_grad_norm_ returns under FSDP) as the plain tensor every rank holds
+    (a collective, not a read to the host); any other tensor as it is."""
+    full = getattr(t, "full_tensor", None)
+    return full() if full is not None else t
+
+
 def norm_value(t: Any) -> float:
     """A gradient norm as a float; under FSDP clip_grad_norm_ returns a (replicated) DTensor."""
-    if hasattr(t, "full_tensor"):
-        t = t.full_tensor()
-    return float(t)
+    return float(replicated(t))

@@ -15,11 +15,13 @@ import hashlib
 import json
 import logging
 import signal
+import struct
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from ..checkpoint.history import newest_validation
@@ -44,6 +46,15 @@ from .spikes import detector
 from .state import TrainState
 
 log = logging.getLogger(__name__)
+
+
+class StepValues(NamedTuple):
+    """What a step reads back from the device, once (``Session.reduce_step``)."""
+
+    loss: float  # the mean loss of the global batch
+    grad_norm: float  # before clipping, over every rank's gradients
+    overflow: bool  # the GradScaler found an inf or NaN gradient (fp16); False without a scaler
+    batch_sha: str  # the digest of the global batch's samples
 
 
 @dataclass(frozen=True)
@@ -125,7 +136,11 @@ class Session:
                 raise
         self.checkpointer = Checkpointer(p, self.state, self.budget, resumed.parent, self.metrics_path, self.trackers,
                                          no_pointer=resumed.no_pointer)
-        self._batch_rows = torch.zeros(cfg.train.global_batch, dtype=torch.float64)
+        # Each step's sample digests, summed over ranks in reduce_step's collective; pinned where the sum runs
+        # on a GPU. Rewritten only after the step's read, when its copy to the device is done.
+        self._batch_rows = torch.zeros(cfg.train.global_batch, dtype=torch.float64,
+                                       pin_memory=p.device.type == "cuda" and p.world > 1)
+        self._rows = np.zeros((0, 1), dtype=np.int64)  # the host rows of the step being computed
         self._bar = None
 
     # -------------------------------------------------------------------------------- the step
@@ -140,35 +155,57 @@ class Session:
 
     def micro_batches(self, step: int):
         """This rank's micro-batches of global batch ``step`` (``data.reader``: ``rank_rows`` sliced by
-        ``micro_batches``, the path the reader's tests check); notes a digest of each sample it reads."""
+        ``micro_batches``, the path the reader's tests check). The samples' digests are made later, in
+        ``reduce_step``, once the step's work is queued on the device."""
         p = self.parts
-        gb, mb = p.cfg.train.global_batch, p.micro_batch
-        per_rank = gb // p.world
-        # The rank's whole share at once: one read, one pass of digests, one pinned asynchronous copy to the
-        # GPU; the micro-batches are slices of it. (Host work between the model's kernels is what a step
-        # pays for beyond a bare loop, so it is done once per step, not once per micro-batch.)
-        t = p.data.rank_rows(step, gb, p.dist.rank, p.world)
-        digests = self._batch_rows.numpy()  # a view of the tensor reduce_step reads
-        digests[:] = 0.0
-        pos = p.dist.rank * per_rank  # where this rank's share starts in the global batch
-        for i, row in enumerate(t.numpy()[:, :-1]):
-            digests[pos + i] = _row_digest(row)
+        # The rank's whole share at once: one read, one pinned asynchronous copy to the GPU; the micro-batches
+        # are slices of it. (Host work between the model's kernels is what a step pays for beyond a bare loop,
+        # so it is done once per step, not once per micro-batch.)
+        t = p.data.rank_rows(step, p.cfg.train.global_batch, p.dist.rank, p.world)
+        self._rows = t.numpy()
         if p.device.type == "cuda":
             t = t.pin_memory().to(p.device, non_blocking=True)
-        return micro_batches(t, mb)
+        return micro_batches(t, p.micro_batch)
 
-    def reduce_step(self, loss: float) -> tuple[float, str]:
-        """Mean loss over ranks and the digest of the whole global batch, in one collective.
+    def reduce_step(self, losses: list[torch.Tensor], grad_norm: torch.Tensor, found_inf: torch.Tensor | None = None
+                    ) -> StepValues:
+        """The step's one read from the device: the loss (summed over this rank's micro-batches, then its mean
+        over ranks), the gradient norm, the GradScaler's overflow flag and the digest of the whole global
+        batch, in one collective and one copy to the host.
+
+        The micro-batches' losses are summed in fp32 in their order, from zero, as a running sum on the device
+        would: on one rank after the read, on the host (fp32 additions are the same everywhere), which saves
+        the device a kernel per micro-batch; with several ranks on the device, before the collective.
 
         The digest is a hash of every sample in global-batch order, whatever the number of ranks, so two
-        runs that read the same samples in the same steps show the same ``batch_sha`` in metrics.jsonl.
+        runs that read the same samples in the same steps show the same ``batch_sha`` in metrics.jsonl. It is
+        made here, after the step's forward and backward are queued: on a GPU the host hashes while the device
+        computes, instead of before the first kernel.
         """
         p = self.parts
-        if p.world == 1:  # nothing to reduce; the same bytes as below, without building tensors
-            return loss, hashlib.sha256(self._batch_rows.numpy().astype("int64").tobytes()).hexdigest()[:16]
-        v = dist.sum_vector(torch.cat([torch.tensor([loss], dtype=torch.float64), self._batch_rows]), p.device)
-        rows = v[1:].to(torch.int64).numpy().tobytes()
-        return float(v[0]) / p.world, hashlib.sha256(rows).hexdigest()[:16]
+        mine = _row_digests(self._rows)
+        local = [grad_norm] if found_inf is None else [grad_norm, found_inf]
+        k = len(local)
+        with torch.no_grad():
+            if p.world == 1:  # nothing to reduce
+                host = torch.stack([*local, *losses]).cpu().numpy()  # the read
+                # fp32, in order: a float32 cumulative sum adds one element at a time, as the device did
+                loss, rows = float(np.cumsum(host[k:], dtype=np.float32)[-1]) / p.accum, mine
+            else:
+                digests = self._batch_rows.numpy()  # pinned on CUDA: its copy below does not wait for the device
+                digests[:] = 0.0
+                pos = p.dist.rank * (p.cfg.train.global_batch // p.world)  # this rank's share in the global batch
+                digests[pos:pos + len(mine)] = mine
+                total = losses[0]
+                for t in losses[1:]:
+                    total = total + t
+                shared = torch.cat([(total.double() / p.accum).view(1),
+                                    self._batch_rows.to(p.device, non_blocking=True)])
+                dist.sum_(shared)
+                host = torch.cat([torch.stack(local).double(), shared]).cpu().numpy()  # the read
+                loss, rows = float(host[k]) / p.world, host[k + 1:].astype(np.int64).tolist()
+        return StepValues(loss, float(host[0]), bool(host[1]) if found_inf is not None else False,
+                          hashlib.sha256(struct.pack(f"{len(rows)}q", *rows)).hexdigest()[:16])
 
     # ------------------------------------------------------------------------- step boundaries
     def agree(self, step: int) -> Boundary:
@@ -413,7 +450,14 @@ def with_horizon(p: session_parts.Parts, total_steps: int) -> session_parts.Part
     return dataclasses.replace(p, total_steps=total_steps, stop_step=stop)
 
 
-def _row_digest(row) -> float:
-    # 31 bits: a sum of one such value per position is exact in the float64 all-reduce.
-    return float(int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=4).digest(), "little") >> 1)
-
+def _row_digests(rows: np.ndarray) -> list[int]:
+    """Each sample's digest: 31 bits of blake2b over its input tokens as int64 (a sum of one such value per
+    position is exact in the float64 all-reduce). ``rows``: the share as read, ``seq_len + 1`` tokens a row."""
+    if not len(rows):
+        return []
+    whole = np.ascontiguousarray(rows).data.cast("B")
+    step = whole.nbytes // len(rows)
+    n = step - rows.itemsize  # the inputs: every token but the last
+    blake = hashlib.blake2b
+    return [int.from_bytes(blake(whole[i:i + n], digest_size=4).digest(), "little") >> 1
+            for i in range(0, whole.nbytes, step)]

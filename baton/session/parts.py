@@ -182,7 +182,7 @@ def _built(cfg: Config, stop_after: int | None, started: float, deadline: float 
         model=model, optimizer=optimizer, scaler=scaler,
         parallel=Parallel(cfg.train.parallel, info.rank, world, device),
         micro_loss=autotune.micro_loss_fn(autocast_dtype, compiled=bool(cfg.train.compile),
-                                          fused=bool(cfg.train.fused_ce), scope=cfg.train.compile_scope),
+                                          fused=cfg.train.fused_ce, scope=cfg.train.compile_scope),
         autocast_dtype=autocast_dtype,
         flops=session_flops(cfg.model, cfg.data.seq_len, device, cfg.train.precision, world),
         n_params=n_params, perf_notes=perf_notes, total_steps=total_steps,

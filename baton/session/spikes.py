@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import asdict, dataclass
-from statistics import median
 from typing import Any
 
 MAD_SCALE = 1.4826
@@ -54,8 +53,8 @@ class SpikeDetector:
             return None
         spike = None
         if len(self.losses) == self.losses.maxlen:
-            med = median(self.losses)
-            sigma = max(MAD_SCALE * median(abs(x - med) for x in self.losses), REL_FLOOR * abs(med))
+            med = _median(sorted(self.losses))
+            sigma = max(MAD_SCALE * _median(sorted([abs(x - med) for x in self.losses])), REL_FLOOR * abs(med))
             score = (loss - med) / sigma if sigma > 0 else (math.inf if loss > med else 0.0)
             if score > self.threshold:
                 spike = Spike(step, loss, med, sigma, score)
@@ -64,6 +63,12 @@ class SpikeDetector:
 
     def state(self) -> list[float]:
         return list(self.losses)
+
+
+def _median(ordered: list[float]) -> float:
+    """statistics.median of an already sorted list, the same arithmetic (it runs every step)."""
+    h = len(ordered) // 2
+    return ordered[h] if len(ordered) % 2 else (ordered[h - 1] + ordered[h]) / 2
 
 
 def detector(train_cfg, history: list[float] | None = None) -> SpikeDetector:

@@ -98,6 +98,7 @@ class Trackers:
         self.store, self.run, self.history = store, run, history
         self.sent: dict[str, int] = {}  # backend -> newest step it holds
         self.pending: list[tuple[int, dict[str, Any]]] = []  # rows waiting for a verified checkpoint
+        self._appending = any(not b.live for b in backends)  # an append-only tracker: rows wait in pending
         self.state = TrackerState()
 
     def start(self, resume_step: int) -> None:
@@ -120,10 +121,13 @@ class Trackers:
         self._save()
 
     def log(self, step: int, row: dict[str, Any]) -> None:
+        # Every step: ``_send``'s rule for one row, without its lists (a live backend has no log_many).
         for b in self.backends:
             if b.live:
-                self._send(b, [(step, row)])
-        if any(not b.live for b in self.backends):
+                held = self.sent.get(b.name)
+                if held is not None and step > held and self._guard(b, b.log, step, row):
+                    self.sent[b.name] = step
+        if self._appending:
             self.pending.append((step, row))
 
     def verified(self, step: int) -> None:

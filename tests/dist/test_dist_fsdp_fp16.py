@@ -18,8 +18,9 @@ def test_fsdp_with_fp16_is_accepted_and_auto_picks_fp16_below_ampere(monkeypatch
     assert (cfg.train.parallel, cfg.train.precision) == ("fsdp", "fp16")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))  # a T4
     assert autotune.resolve_precision(torch.device("cuda", 0)) == "fp16"
+    # Attention set by hand: auto would time eager against SDPA on the (absent) T4 itself.
     auto = load_config(None, ["train.parallel=fsdp", "train.precision=auto", "train.micro_batch=4",
-                              "train.compile=false", "train.fused_ce=false"])
+                              "train.compile=false", "train.fused_ce=false", "model.attn=sdpa"])
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
     autotune.resolve(auto, torch.device("cuda", 0), 1)
     assert auto.train.precision == "fp16"
