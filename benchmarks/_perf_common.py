@@ -12,7 +12,10 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -163,3 +166,26 @@ def synthetic_corpus(out: Path, template: Path, n_tokens: int, sparse: bool = Fa
             shutil.copyfile(f, out / f.name)
     manifest.write_text(json.dumps(m, indent=1))
     return out
+
+
+@contextmanager
+def loss_figure(path: Path, title: str, size: tuple[float, float] = (7, 4.2), legend: int = 8) -> Iterator[Any]:
+    """A validation-loss-against-tokens figure (matplotlib, Agg): yields the axes to draw on, then labels the axes,
+    titles it, adds the legend and writes it to ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=size)
+    try:
+        yield ax
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("validation loss")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=legend)
+        fig.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)

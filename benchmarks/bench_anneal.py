@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from _perf_common import ROOT, default_work_dir, machine, prepare_data, write_config
+from _perf_common import ROOT, default_work_dir, loss_figure, machine, prepare_data, write_config
 
 
 def _quiet(fn, *args, **kwargs):
@@ -117,31 +117,18 @@ def run_metrics(cfg) -> Path:
 
 
 def _plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    toks, vals = zip(*result["main_curve"])
-    ax.plot(toks, vals, "-", color="black", lw=1.2, label="main run (wsd, on its plateau)")
-    for i, p in enumerate(result["points"]):
-        first = i == 0
-        ax.plot([p["branch_point_tokens"], p["tokens"]], [p["plateau"], p["plateau_same_tokens"]], "o", color="grey",
-                ms=6, label="plateau checkpoints (branch point, branch end)" if first else None)
-        ax.plot([p["branch_point_tokens"], p["tokens"]], [p["plateau"], p["branch"]], "-", color="tab:blue", lw=1.5)
-        ax.plot([p["tokens"]], [p["branch"]], "*", color="tab:blue", ms=12,
-                label=f"cooldown branch ({result['fraction']:.0%} of the tokens seen)" if first else None)
-        ax.plot([p["tokens"]], [p["planned"]], "x", color="tab:red", ms=9, mew=2,
-                label="run planned for that length (decay over its last 20 %)" if first else None)
-    ax.set_xlabel("tokens")
-    ax.set_ylabel("validation loss")
-    ax.set_title(f"{result['shape']} shape: cooldown branches from the plateau vs planned decay", fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with loss_figure(path, f"{result['shape']} shape: cooldown branches from the plateau vs planned decay", size=(8, 4.5), legend=8) as ax:
+        toks, vals = zip(*result["main_curve"])
+        ax.plot(toks, vals, "-", color="black", lw=1.2, label="main run (wsd, on its plateau)")
+        for i, p in enumerate(result["points"]):
+            first = i == 0
+            ax.plot([p["branch_point_tokens"], p["tokens"]], [p["plateau"], p["plateau_same_tokens"]], "o", color="grey",
+                    ms=6, label="plateau checkpoints (branch point, branch end)" if first else None)
+            ax.plot([p["branch_point_tokens"], p["tokens"]], [p["plateau"], p["branch"]], "-", color="tab:blue", lw=1.5)
+            ax.plot([p["tokens"]], [p["branch"]], "*", color="tab:blue", ms=12,
+                    label=f"cooldown branch ({result['fraction']:.0%} of the tokens seen)" if first else None)
+            ax.plot([p["tokens"]], [p["planned"]], "x", color="tab:red", ms=9, mew=2,
+                    label="run planned for that length (decay over its last 20 %)" if first else None)
 
 
 def main() -> None:

@@ -42,7 +42,7 @@ import statistics
 import time
 from pathlib import Path
 
-from _perf_common import ROOT, default_work_dir, machine, prepare_data, write_config
+from _perf_common import ROOT, default_work_dir, loss_figure, machine, prepare_data, write_config
 
 # Steps per shape: the tiny shape's steps cost about 40 times the test shape's.
 DEFAULT_STEPS = {"tiny": 100, "test": 300}
@@ -282,29 +282,16 @@ def _by_lr(runs: dict[float, Run]) -> list[Run]:
 
 
 def _plot(result: dict, path: Path, best_a: str, best_m: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for label, curve in result["curves"].items():
-        toks, vals = zip(*curve[1:])  # the untrained point would squash the scale
-        best = label in (best_a, best_m)
-        ax.plot(toks, vals, color="tab:blue" if label.startswith("adamw") else "tab:orange",
-                lw=2.0 if best else 0.8, alpha=1.0 if best else 0.5, label=label + (" (best)" if best else ""))
-    ax.axhline(result["adamw_final_val"], color="grey", ls=":", lw=0.8)
-    if result["muon_tokens_to_adamw_final"]:
-        ax.axvline(result["muon_tokens_to_adamw_final"], color="tab:orange", ls=":", lw=0.8)
-    ax.set_xlabel("tokens")
-    ax.set_ylabel("validation loss")
-    ax.set_title(f"{result['shape']} shape: tokens to AdamW's final loss, Muon / AdamW = "
-                 f"{result['tokens_ratio']:.2f}", fontsize=10)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    title = f"{result['shape']} shape: tokens to AdamW's final loss, Muon / AdamW = {result['tokens_ratio']:.2f}"
+    with loss_figure(path, title, size=(7, 4.2), legend=7) as ax:
+        for label, curve in result["curves"].items():
+            toks, vals = zip(*curve[1:])  # the untrained point would squash the scale
+            best = label in (best_a, best_m)
+            ax.plot(toks, vals, color="tab:blue" if label.startswith("adamw") else "tab:orange",
+                    lw=2.0 if best else 0.8, alpha=1.0 if best else 0.5, label=label + (" (best)" if best else ""))
+        ax.axhline(result["adamw_final_val"], color="grey", ls=":", lw=0.8)
+        if result["muon_tokens_to_adamw_final"]:
+            ax.axvline(result["muon_tokens_to_adamw_final"], color="tab:orange", ls=":", lw=0.8)
 
 
 def main() -> None:
