@@ -14,6 +14,7 @@ same calendar with sessions cut short, so the two agree exactly when nothing is 
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Callable
@@ -252,16 +253,13 @@ def capacity(inp: PlanInput, a: int, limit_seconds: float | None = None) -> int:
     if room < inp.step_seconds:
         return 0
     n = min(int(room // inp.step_seconds), inp.total_steps - a)
-    if inp.ckpt_every_s > 0:
-        # A timed cadence adds a cycle every few steps: bisect (the session's length only grows with its steps).
-        lo, hi = 0, n
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if session_seconds(inp, a, a + mid) <= limit else (lo, mid - 1)
-        return lo
-    while n > 0 and session_seconds(inp, a, a + n) > limit:
-        n -= 1  # each cadence checkpoint inside costs one cycle; at most a few iterations
-    return n
+    # A cadence adds a cycle every few steps (every step, at worst), so the steps that fit may be far fewer than
+    # ``n``: bisect (a session's length only grows with its steps).
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if session_seconds(inp, a, a + mid) <= limit else (lo, mid - 1)
+    return lo
 
 
 def split(inp: PlanInput, a: int, b: int) -> list[tuple[int, int]]:
@@ -284,7 +282,13 @@ def split(inp: PlanInput, a: int, b: int) -> list[tuple[int, int]]:
         raise BatonError(
             f"the plan needs {n:,} sessions ({remaining:,} steps at {inp.step_seconds:.3g} s/step, at most {cap:,} "
             f"per session), more than {MAX_SESSIONS:,}: check the horizon (--steps, --target-tokens) and the rate")
-    while True:
+    # Steps that fit a session wherever it starts: the cadence's alignment moves a range's checkpoint count by
+    # one at most, and the horizon's export adds one more. After a few tries, the split jumps to that length
+    # instead of adding one session at a time (each try checks every range: linear tries would be quadratic).
+    anywhere = capacity(inp, a, inp.usable_seconds - 2 * inp.ckpt_seconds)
+    for tries in itertools.count():
+        if tries == 3 and anywhere > 0:
+            n = max(n, math.ceil(remaining / anywhere))
         base, rest = divmod(remaining, n)
         tail = [base] * (n - 1) + [base + rest]
         spread = [base] * (n - rest) + [base + 1] * rest
@@ -296,6 +300,7 @@ def split(inp: PlanInput, a: int, b: int) -> list[tuple[int, int]]:
             if all(session_seconds(inp, x, y) <= inp.usable_seconds for x, y in ranges):
                 return ranges
         n += 1  # capacities differ a little by checkpoint alignment; one more session always helps
+    raise AssertionError("unreachable")  # (itertools.count never ends)
 
 
 # ------------------------------------------------------------------------------------- the calendar
