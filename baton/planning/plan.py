@@ -299,6 +299,14 @@ def split(inp: PlanInput, a: int, b: int) -> list[tuple[int, int]]:
                 s += length
             if all(session_seconds(inp, x, y) <= inp.usable_seconds for x, y in ranges):
                 return ranges
+        if n >= remaining:  # one step a session, and still one does not fit: no split can
+            x = next(x for x in range(a, b) if session_seconds(inp, x, x + 1) > inp.usable_seconds)
+            raise BatonError(
+                f"a session of step {x + 1} alone needs {session_seconds(inp, x, x + 1):.0f} s ({inp.step_seconds:.1f} s "
+                f"for the step, {inp.startup_seconds:g} s of startup and {cycles(inp, x, x + 1)} checkpoint cycles of "
+                f"{inp.ckpt_seconds:g} s{', the horizon export among them' if x + 1 == inp.total_steps else ''}), more "
+                f"than the {inp.usable_seconds:.0f} s a session has: lengthen the session, or shrink the margin, the "
+                "startup or the checkpoint time")
         n += 1  # capacities differ a little by checkpoint alignment; one more session always helps
     raise AssertionError("unreachable")  # (itertools.count never ends)
 
