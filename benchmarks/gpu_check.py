@@ -37,6 +37,8 @@ below 256, so the loss has somewhere to fall: from ln 49,152 = 10.8 towards ln 2
               taking strict turns with baton step by step in one process (benchmarks/bench_vs_hf_trainer.py's
               race): the same 12 steps on both sides, each step's time ending in a device synchronize on both,
               baton's checkpoint after its last timed step; bf16, no compile: tokens/s ratio baton / Trainer.
+              trainer_defaults: the same race with baton's CUDA defaults (compiled blocks, the chunked loss)
+              against the Trainer's own (no compile): what each gives a user who sets nothing.
   resume      a small model (4 layers, hidden 256, vocabulary 8,192: checkpoints of 60 MB, not 1.27 GB),
               12 steps of 8 x 512 tokens: stop at half the horizon, wipe the local run folder, resume from
               the store, finish; against the same run uninterrupted. resume_det with train.deterministic =
@@ -55,16 +57,18 @@ below 256, so the loss has somewhere to fall: from ln 49,152 = 10.8 towards ln 2
               step under torch.profiler: the attention kernels that ran, by name, and which backend they are
               (cudnn, flash, efficient, math); on compute capability 9.0+ the check is that cuDNN's ran.
   compile     base + torch.compile with fused_ce auto: what the defaults give on CUDA (the decoder block
-              compiled once, the chunked loss beside it). Compiling takes minutes on a cold machine, so it runs
-              once, last, and only when the budget has room for it.
+              compiled once, the chunked loss beside it): the MFU target's row. Right after base, so a short
+              budget never cuts it; it starts only with 120 s left.
   compile_cache  the start-up of two compiled sessions of one run, each a fresh process on an empty machine
               (its own empty work folder and TORCHINDUCTOR_CACHE_DIR): the first compiles cold and pushes the
               compile cache to the store, the second pulls it beside the checkpoint and compiles warm
               (benchmarks/bench_compile_cache.py's relay); pull, build, compile and first step of each, from
               the ledger, and warm / cold start to first step.
 
-Targets: MFU >= 40 % at seq 2048 on an H100/H200 with the best speed case; baton / Trainer >= 1.0; Muon's
-step <= 1.10 x AdamW's.
+Targets: MFU >= 45 % at seq 2048 on an H100/H200 with the defaults (the compile case); baton / Trainer >= 1.1
+(trainer: both eager; trainer_defaults: each with its defaults); Muon's step <= 1.10 x AdamW's; the warm
+session's start to first step <= 15 % of the cold one's (compile_cache). The best MFU of any case is
+reported beside the defaults'.
 
 The run is sized for 9 minutes on an H100/H200, start-up included, and guarded: ``--budget-seconds``
 (default 540) counts from this script's start; a case starts only while the budget holds the time it is
@@ -108,41 +112,42 @@ from _perf_common import ROOT, default_work_dir, machine, prepare_data, syntheti
 
 T0 = time.monotonic()  # the budget counts from here: the start-up is part of it
 
-# Case -> (group, overrides on top of the group's settings). Run in this order: what the acceptance rests
-# on first, so a budget that runs short cuts the least important rows; compile (minutes) is last.
+# Case -> (group, overrides on top of the group's settings), run in this order.
 CASES = {
+    # What the speed targets rest on first: a budget that runs short cuts the rows that were proven before.
+    "base": ("speed", []),
+    # What precision, compile and fused_ce "auto" give on CUDA: the compiled blocks and the chunked loss.
+    "compile": ("speed", ["train.compile=true", "train.fused_ce=auto"]),
+    "trainer": ("trainer", []),
+    "trainer_defaults": ("trainer", ["train.compile=true", "train.fused_ce=auto"]),
+    "muon": ("speed", ["optim.name=muon"]),  # Muon's Newton-Schulz matmuls: its step time beside base's
+    # Cold, then warm from the run's compile cache: two processes, each on an empty machine.
+    "compile_cache": ("compile_cache", ["train.fused_ce=auto"]),
+    # The attention auto picks, by the kernels' names in a profile.
+    "attn_kernel": ("attn_kernel", ["model.attn=auto"]),
+    "syncs": ("syncs", ["train.fused_ce=auto"]),
+    "fused_ce": ("speed", ["train.fused_ce=chunked"]),  # the chunked loss, eager: its memory and tokens/s
+    "liger": ("speed", ["train.fused_ce=liger"]),
+    # The commands a person types, as subprocesses, with every device setting left at auto.
+    "cli": ("cli", []),
     "fp16": ("precision", ["train.precision=fp16"]),
     "bf16": ("precision", ["train.precision=bf16"]),
     "fp32": ("precision", ["train.precision=fp32"]),
     "fp16_fused": ("fused16", ["train.precision=fp16"]),
-    "base": ("speed", []),
-    "fused_ce": ("speed", ["train.fused_ce=chunked"]),  # the chunked loss, eager: its memory and tokens/s
-    "muon": ("speed", ["optim.name=muon"]),  # Muon's Newton-Schulz matmuls: its step time beside base's
-    "syncs": ("syncs", ["train.fused_ce=auto"]),
     "eval_probe": ("eval_probe", ["train.fused_ce=auto"]),
-    "trainer": ("trainer", []),
     "resume_det": ("resume", ["train.deterministic=true"]),
     "resume_nondet": ("resume", []),
     "fsdp_fp16": ("fsdp_fp16", []),
     "flash2": ("speed", ["model.attn=flash_attention_2"]),
-    "liger": ("speed", ["train.fused_ce=liger"]),
     "ckpt": ("speed", ["model.grad_ckpt=true"]),
     "eager": ("speed", ["model.attn=eager"]),
-    # The commands a person types, as subprocesses, with every device setting left at auto.
-    "cli": ("cli", []),
-    # The attention auto picks, by the kernels' names in a profile.
-    "attn_kernel": ("attn_kernel", ["model.attn=auto"]),
-    # What precision, compile and fused_ce "auto" give on CUDA: the compiled blocks and the chunked loss.
-    "compile": ("speed", ["train.compile=true", "train.fused_ce=auto"]),
-    # Cold, then warm from the run's compile cache: two processes, each on an empty machine.
-    "compile_cache": ("compile_cache", ["train.fused_ce=auto"]),
 }
 NEEDS_CUDA = ("flash2", "liger", "syncs")
 # Cases whose setting baton itself may refuse on this machine (its one-line error): reported as skipped.
 MAY_REFUSE = ("flash2", "liger", "fsdp_fp16")
 # Seconds a case is known to need on an H100/H200, start-up included: it does not start with less left.
-NEEDS_SECONDS = {"compile": 120.0, "compile_cache": 150.0, "cli": 150.0, "trainer": 45.0, "fsdp_fp16": 40.0,
-                 "fp16_fused": 40.0}
+NEEDS_SECONDS = {"compile": 120.0, "compile_cache": 150.0, "cli": 150.0, "trainer": 45.0, "trainer_defaults": 120.0,
+                 "fsdp_fp16": 40.0, "fp16_fused": 40.0}
 NEEDS_SECONDS_DEFAULT = 15.0
 
 # Sizes per group: (GPU, smoke). steps: optimizer steps (precision, resume), measured steps after warmup
@@ -180,7 +185,7 @@ SMOKE_MODEL = {"n_layers": 2, "hidden": 64, "n_heads": 4, "n_kv_heads": 2, "ffn"
 DATA_VOCAB = 256  # synthetic tokens are uniform below this
 FALL_NATS = (1.0, 0.1)  # the loss must fall at least this much (GPU, smoke) from the first to the last quarter
 RESUME_RTOL = 1e-3  # without train.deterministic, each step's loss within this relative difference
-MFU_TARGET, TRAINER_TARGET, MUON_TARGET = 0.40, 1.0, 1.10
+MFU_TARGET, TRAINER_TARGET, MUON_TARGET, WARM_START_TARGET = 0.45, 1.1, 1.10, 0.15
 
 
 # ------------------------------------------------------------------------------------- in a case process
@@ -775,7 +780,7 @@ def skip_reason(name: str, smoke: bool) -> str | None:
     """Why a case cannot run here, decided before its process starts (None: it runs)."""
     if smoke and name in NEEDS_CUDA:
         return "no CUDA"
-    if smoke and name in ("compile", "compile_cache"):
+    if smoke and name in ("compile", "compile_cache", "trainer_defaults"):
         return "smoke (CPU code generation takes minutes; measured on the GPU)"
     if name == "trainer" and importlib.util.find_spec("accelerate") is None:
         return 'accelerate not installed (pip install -e ".[bench]")'
@@ -864,16 +869,28 @@ def table(rows: list[dict]) -> str:
 def verdicts(rows: dict[str, dict], smoke: bool, derived_rows: list[dict] = ()) -> dict:
     speed = [r for r in rows.values() if r["group"] == "speed" and r["status"] == "ok" and r.get("mfu") is not None]
     best = max(speed, key=lambda r: r["mfu"], default=None)
-    trainer = rows.get("trainer", {})
-    v = {"best_mfu": best["mfu"] if best else None, "best_mfu_case": best["case"] if best else None,
-         "mfu_target": MFU_TARGET, "mfu_target_met": (best["mfu"] >= MFU_TARGET) if best else None,
-         "trainer_ratio": trainer.get("ratio"), "trainer_target": TRAINER_TARGET,
-         "trainer_target_met": trainer["ratio"] >= TRAINER_TARGET if trainer.get("status") == "ok" else None}
+    defaults = rows.get("compile", {})
+    defaults_mfu = defaults.get("mfu") if defaults.get("status") == "ok" else None
+
+    def ratio(name: str) -> float | None:
+        r = rows.get(name, {})
+        return r.get("ratio") if r.get("status") == "ok" else None
+
+    trainer, trainer_defaults, warm = ratio("trainer"), ratio("trainer_defaults"), ratio("compile_cache")
     muon = next((r for r in derived_rows if r["case"] == "muon_step" and r["status"] == "ok"), None)
-    v.update({"muon_step_ratio": muon["ratio"] if muon else None, "muon_target": MUON_TARGET,
-              "muon_target_met": muon["ratio"] <= MUON_TARGET if muon else None})
+    v = {"best_mfu": best["mfu"] if best else None, "best_mfu_case": best["case"] if best else None,
+         "defaults_mfu": defaults_mfu, "mfu_target": MFU_TARGET,
+         "mfu_target_met": defaults_mfu >= MFU_TARGET if defaults_mfu is not None else None,
+         "trainer_ratio": trainer, "trainer_defaults_ratio": trainer_defaults, "trainer_target": TRAINER_TARGET,
+         "trainer_target_met": trainer >= TRAINER_TARGET if trainer is not None else None,
+         "trainer_defaults_target_met": trainer_defaults >= TRAINER_TARGET if trainer_defaults is not None else None,
+         "muon_step_ratio": muon["ratio"] if muon else None, "muon_target": MUON_TARGET,
+         "muon_target_met": muon["ratio"] <= MUON_TARGET if muon else None,
+         "warm_start_ratio": warm, "warm_start_target": WARM_START_TARGET,
+         "warm_start_target_met": warm <= WARM_START_TARGET if warm is not None else None}
     if smoke:  # nothing is measured on CPU: the targets are for the GPU
-        v["mfu_target_met"] = v["trainer_target_met"] = v["muon_target_met"] = None
+        for k in [k for k in v if k.endswith("_met")]:
+            v[k] = None
     return v
 
 
@@ -920,13 +937,18 @@ def parent_main(args) -> int:
     device = next((r["device"] for r in rows.values() if r.get("device")), "cpu" if args.smoke else "cuda")
     print(f"\n## gpu_check: {device}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, total {wall:.0f} s\n")
     print(table(all_rows))
-    mfu = v["best_mfu"]
-    print(f"\nbest MFU {fmt(mfu, '.1%')} ({v['best_mfu_case'] or 'none'}), target >= {MFU_TARGET:.0%}: "
-          f"{'n/a' if v['mfu_target_met'] is None else 'OK' if v['mfu_target_met'] else 'MISSED'}")
-    print(f"baton / Trainer tokens/s {fmt(v['trainer_ratio'], '.3f')}, target >= {TRAINER_TARGET}: "
-          f"{'n/a' if v['trainer_target_met'] is None else 'OK' if v['trainer_target_met'] else 'MISSED'}")
+    def said(met: bool | None) -> str:
+        return "n/a" if met is None else "OK" if met else "MISSED"
+
+    print(f"\nMFU with the defaults {fmt(v['defaults_mfu'], '.1%')} (compile), target >= {MFU_TARGET:.0%}: "
+          f"{said(v['mfu_target_met'])}; best of any case {fmt(v['best_mfu'], '.1%')} ({v['best_mfu_case'] or 'none'})")
+    print(f"baton / Trainer tokens/s, both eager {fmt(v['trainer_ratio'], '.3f')}: {said(v['trainer_target_met'])}; "
+          f"each with its defaults {fmt(v['trainer_defaults_ratio'], '.3f')}: "
+          f"{said(v['trainer_defaults_target_met'])} (target >= {TRAINER_TARGET})")
     print(f"Muon / AdamW step time {fmt(v['muon_step_ratio'], '.3f')}, target <= {MUON_TARGET}: "
-          f"{'n/a' if v['muon_target_met'] is None else 'OK' if v['muon_target_met'] else 'MISSED'}")
+          f"{said(v['muon_target_met'])}")
+    print(f"warm / cold start to first step {fmt(v['warm_start_ratio'], '.3f')}, target <= {WARM_START_TARGET}: "
+          f"{said(v['warm_start_target_met'])}")
     failed = [r["case"] for r in all_rows
               if r["status"] in ("FAILED", "CHECK FAILED") or r["status"].startswith("timeout")]
     out = Path(args.out) if args.out else Path(os.environ.get("OUT") or work) / "gpu_check.json"
