@@ -119,6 +119,7 @@ def train(s: Session) -> dict[str, Any]:
         if s.checkpoint_due(step) and not st.stats.consecutive_nonfinite:
             checkpoint(s, step)
     elapsed = time.perf_counter() - t0
+    s.note_peak()  # the steps since the last log interval
     if step > start and ckpt.last_step != step:  # a session that trained ends with a verified checkpoint
         checkpoint(s, step)
     ckpt.book()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -77,3 +79,35 @@ def test_the_detectors_median_is_the_statistics_modules(window):
         spike = d.observe(1, 100.0)
         assert spike.median == med and spike.sigma == max(MAD_SCALE * statistics.median(abs(x - med) for x in xs),
                                                           0.01 * abs(med))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_kept_sorted_window_judges_every_step_as_a_fresh_sort_would(seed):
+    """The detector keeps its window sorted and skips the MAD when a loss cannot reach the threshold: over a
+    stream with drifts, plateaus, repeats and spikes, every verdict equals the rule computed from scratch."""
+    import statistics
+
+    from baton.session.spikes import MAD_SCALE, REL_FLOOR
+
+    rng = np.random.default_rng(seed)
+    n = 600
+    xs = 4.0 + np.cumsum(rng.normal(-0.002, 0.01, n)) + rng.normal(0, 0.02, n)
+    xs[rng.integers(0, n, 12)] += rng.uniform(0.05, 3.0, 12)  # spikes, small and large
+    xs[200:260] = 3.5  # a plateau of equal losses: the MAD is 0, the floor decides
+    xs[300:303] = 0.0  # a median that can reach 0
+    window, threshold = int(rng.integers(3, 40)), float(rng.choice([0.5, 3.0, 6.0]))
+    d = SpikeDetector(threshold, window)
+    recent: list[float] = []
+    flagged = 0
+    for step, x in enumerate(xs.tolist()):
+        want = None
+        if len(recent) == window:
+            med = statistics.median(recent)
+            sigma = max(MAD_SCALE * statistics.median(abs(v - med) for v in recent), REL_FLOOR * abs(med))
+            score = (x - med) / sigma if sigma > 0 else (math.inf if x > med else 0.0)
+            want = score if score > threshold else None
+        got = d.observe(step, x)
+        assert (got.score if got else None) == want, step
+        flagged += got is not None
+        recent = (recent + [x])[-window:]
+    assert d.state() == recent and flagged > 0

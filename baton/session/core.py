@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import signal
 import struct
 import time
@@ -189,8 +190,7 @@ class Session:
         with torch.no_grad():
             if p.world == 1:  # nothing to reduce
                 host = torch.stack([*local, *losses]).cpu().numpy()  # the read
-                # fp32, in order: a float32 cumulative sum adds one element at a time, as the device did
-                loss, rows = float(np.cumsum(host[k:], dtype=np.float32)[-1]) / p.accum, mine
+                loss, rows = f32_running_sum(host[k:].tolist()) / p.accum, mine
             else:
                 digests = self._batch_rows.numpy()  # pinned on CUDA: its copy below does not wait for the device
                 digests[:] = 0.0
@@ -383,10 +383,8 @@ class Session:
         self._startup_step(m["step_seconds"])
         self.budget.observe_step(m["step_seconds"])
         st.stats.last_loss = m["loss"]
-        if p.device.type == "cuda":
-            st.peak_train = max(st.peak_train, cuda.peak_allocated(p.device))
-        else:
-            st.peak_train = rss_peak()
+        if step % p.cfg.train.log_every == 0 or step >= p.stop_step:
+            self.note_peak()
         if not p.dist.is_main:
             return
         row = {"step": step, **m, "samples_consumed": step * p.cfg.train.global_batch}
@@ -408,6 +406,17 @@ class Session:
         if step % p.cfg.train.log_every == 0:
             log.debug("step %d loss %.4f lr %.3e gnorm %.3f tok/s %.0f", step, m["loss"], m["lr"], m["grad_norm"],
                       m["tokens_per_s"])
+
+    def note_peak(self) -> None:
+        """Take the device's memory high-water mark into the training peak. The mark is kept by the allocator (or
+        the kernel, for the host's RSS) over every step, so reading it at the log cadence, before an evaluation
+        and when stepping ends misses nothing; a read per step would cost host time (CUDA's builds its whole
+        statistics dictionary)."""
+        p, st = self.parts, self.state
+        if p.device.type == "cuda":
+            st.peak_train = max(st.peak_train, cuda.peak_allocated(p.device))
+        else:
+            st.peak_train = max(st.peak_train, rss_peak())
 
     def progress(self):
         from tqdm.auto import tqdm
@@ -448,6 +457,24 @@ def with_horizon(p: session_parts.Parts, total_steps: int) -> session_parts.Part
     --stop-after-steps says). The schedule follows, a pure function of (step, horizon)."""
     stop = min(p.stop_step, total_steps) if p.stop_step < p.total_steps else total_steps
     return dataclasses.replace(p, total_steps=total_steps, stop_step=stop)
+
+
+_F32 = struct.Struct("<f")
+
+
+def f32_running_sum(values: list[float]) -> float:
+    """The sum of fp32 ``values`` added one at a time in fp32, from zero, as a running sum on the device would.
+
+    Each addition is done in double and rounded to fp32: double holds more than twice fp32's precision, so
+    that is the correctly rounded fp32 sum, bit for bit (a numpy float32 cumulative sum is the same, at ten
+    times the host time for the few values of a step)."""
+    acc = 0.0
+    for v in values:
+        try:
+            acc = _F32.unpack(_F32.pack(acc + v))[0]
+        except OverflowError:  # past fp32's largest finite value: fp32 addition gives an infinity
+            acc = math.copysign(math.inf, acc + v)
+    return acc
 
 
 def _row_digests(rows: np.ndarray) -> list[int]:

@@ -37,8 +37,8 @@ def evaluate(s: Session) -> dict[str, float]:
     """
     p, st = s.parts, s.state
     rng = torch.get_rng_state(), (cuda.rng_state(p.device) if p.device.type == "cuda" else None)
+    s.note_peak()  # before the reset below
     if p.device.type == "cuda":
-        st.peak_train = max(st.peak_train, cuda.peak_allocated(p.device))  # before the reset below
         cuda.reset_peak(p.device)
     model = getattr(p.model, "module", p.model)
     model.eval()

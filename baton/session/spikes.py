@@ -18,6 +18,7 @@ uninterrupted one would.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -46,6 +47,7 @@ class SpikeDetector:
     def __init__(self, threshold: float = 6.0, window: int = 50, history: list[float] | None = None):
         self.threshold = threshold
         self.losses: deque[float] = deque(history or (), maxlen=window)
+        self._ordered = sorted(self.losses)  # the same window, kept sorted: the median without a sort per step
 
     def observe(self, step: int, loss: float) -> Spike | None:
         """Judge ``loss`` of ``step`` against the window before it (a spike or None), then add it to the window."""
@@ -53,12 +55,19 @@ class SpikeDetector:
             return None
         spike = None
         if len(self.losses) == self.losses.maxlen:
-            med = _median(sorted(self.losses))
-            sigma = max(MAD_SCALE * _median(sorted([abs(x - med) for x in self.losses])), REL_FLOOR * abs(med))
-            score = (loss - med) / sigma if sigma > 0 else (math.inf if loss > med else 0.0)
-            if score > self.threshold:
-                spike = Spike(step, loss, med, sigma, score)
+            med = _median(self._ordered)
+            floor = REL_FLOOR * abs(med)
+            # The spread is at least ``floor``, so a loss within half the threshold's reach of it cannot score
+            # above the threshold (half: a margin far wider than any rounding): most steps end here, without
+            # the MAD's sort.
+            if loss - med > 0.5 * self.threshold * floor:
+                sigma = max(MAD_SCALE * _median(sorted([abs(x - med) for x in self.losses])), floor)
+                score = (loss - med) / sigma if sigma > 0 else (math.inf if loss > med else 0.0)
+                if score > self.threshold:
+                    spike = Spike(step, loss, med, sigma, score)
+            del self._ordered[bisect_left(self._ordered, self.losses[0])]  # leaves the window as ``loss`` joins
         self.losses.append(loss)
+        insort(self._ordered, loss)
         return spike
 
     def state(self) -> list[float]:
