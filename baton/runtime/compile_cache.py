@@ -9,7 +9,11 @@ compiled into shared objects, and a warm start would still compile every one of 
 CPU cold start). So the blob also carries those kernels, the ``.so`` files this process compiled into
 inductor's cache folder, which a warm start puts back under the same names (their names hash the source and
 the compiler's command line, target instruction set included: another machine finds one only when it would
-have compiled exactly it). Never the instruction-set probes inductor runs on each machine.
+have compiled exactly it). With them go inductor's instruction-set probes: on x86 it builds and loads a small
+program for each vector extension the CPU claims before its first compile (half a warm CPU start), and keeps each
+program with a ``.load_ok`` marker once it loaded. The program's name hashes its source, the extension's flags,
+the C++ compiler's version and torch's, so a machine finds a carried probe only where its own would be the same
+program from the same compiler against the same torch; anywhere else it probes for itself.
 
 The blob is ``MAGIC``, the length of a JSON header, the header (every part's size and sha256), then the
 parts. ``unpack`` checks all of it; any problem is a ``CacheUnusable`` with one line, and the session then
@@ -46,8 +50,9 @@ log = logging.getLogger(__name__)
 FORMAT = "baton-compile-cache-v1"
 MAGIC = b"baton-compile-cache\n"
 _LEN = struct.Struct(">Q")
-# An inductor C++ kernel in its cache folder: <2 characters>/<hash>.so or <hash>.main.so.
-KERNEL = re.compile(r"[a-z0-9]{2}/[a-z0-9]{20,80}(\.main)?\.so")
+# An inductor C++ kernel in its cache folder: <2 characters>/<hash>.so or <hash>.main.so; a probe that loaded also
+# has its empty marker, <hash>.so.load_ok.
+KERNEL = re.compile(r"[a-z0-9]{2}/[a-z0-9]{20,80}(\.main)?\.so(\.load_ok)?")
 MAX_KERNEL_BYTES = 256 << 20  # all the kernels of one blob; a folder shared with other work may hold more
 
 
@@ -196,8 +201,8 @@ def inductor_cache_dir() -> Path | None:
 
 
 def native_kernels(since: float, folder: Path | None = None) -> list[tuple[str, bytes]]:
-    """The C++ kernels compiled into ``folder`` at or after ``since`` (not the instruction-set probes, which
-    carry a ``.load_ok`` marker: each machine must run its own), up to MAX_KERNEL_BYTES."""
+    """The C++ kernels compiled into ``folder`` at or after ``since``, the instruction-set probes with their
+    ``.load_ok`` markers among them (a probe without one did not load: not carried), up to MAX_KERNEL_BYTES."""
     folder = folder if folder is not None else inductor_cache_dir()
     out: list[tuple[str, bytes]] = []
     total = 0
@@ -207,12 +212,14 @@ def native_kernels(since: float, folder: Path | None = None) -> list[tuple[str, 
         rel = f"{p.parent.name}/{p.name}"
         try:
             st = p.stat()
-            if not KERNEL.fullmatch(rel) or st.st_mtime < since or p.with_name(p.name + ".load_ok").exists():
+            if not KERNEL.fullmatch(rel) or st.st_mtime < since:
                 continue
             if total + st.st_size > MAX_KERNEL_BYTES:
                 break
             out.append((rel, p.read_bytes()))
             total += st.st_size
+            if p.with_name(p.name + ".load_ok").exists():  # a probe that loaded: its marker goes with it
+                out.append((rel + ".load_ok", b""))
         except OSError:  # removed meanwhile by another process's cache upkeep: not carried
             continue
     return out
@@ -227,9 +234,15 @@ def collect(since: float) -> bytes | None:
     return pack(got[0], native_kernels(since))
 
 
+def is_marker(rel: str) -> bool:
+    """A probe's ``.load_ok`` marker among a blob's kernels (not a kernel of its own)."""
+    return rel.endswith(".load_ok")
+
+
 def place_kernels(kernels: list[tuple[str, bytes]], folder: Path) -> int:
     """Write the carried C++ kernels into inductor's cache folder, each under its own name (one already there
-    stays: the name is the hash of what it was compiled from). Returns how many were written."""
+    stays: the name is the hash of what it was compiled from), a probe's marker after its program. Returns how
+    many kernels were written."""
     placed = 0
     for rel, data in kernels:
         dest = folder / rel
@@ -242,7 +255,7 @@ def place_kernels(kernels: list[tuple[str, bytes]], folder: Path) -> int:
             os.replace(tmp, dest)
         except OSError as e:
             raise CacheUnusable(f"could not write its kernel {rel} into {folder} ({e})") from None
-        placed += 1
+        placed += not is_marker(rel)
     return placed
 
 

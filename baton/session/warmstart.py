@@ -170,7 +170,7 @@ class CompileCache:
             return
         try:
             blob = cc.collect(self._since)
-            kernels = len(cc.unpack(blob)[1]) if blob else 0
+            kernels = sum(not cc.is_marker(rel) for rel, _ in cc.unpack(blob)[1]) if blob else 0
         except Exception as e:  # noqa: BLE001 - a cache is an optimisation: never the session's end
             self.push_note = (f"compile cache: could not collect this session's artifacts ({type(e).__name__}: "
                               f"{one_line(e, 200)})")

@@ -49,20 +49,25 @@ def test_a_kernel_outside_inductors_layout_is_refused(path):
         cc.unpack(cc.pack(b"artifacts", [(path, b"x")]))
 
 
-def test_kernels_are_this_sessions_compiled_ones_never_the_isa_probes(tmp_path):
+def test_kernels_are_this_sessions_compiled_ones_and_probes_carry_their_markers(tmp_path):
     old, new, probe = tmp_path / "ab" / ("c" + "1" * 51 + ".so"), tmp_path / KERNEL_A, tmp_path / KERNEL_B
     for p in (old, new, probe):
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(p.name.encode())
-    (tmp_path / (KERNEL_B + ".load_ok")).write_text("")
+    (tmp_path / (KERNEL_B + ".load_ok")).write_text("")  # an instruction-set probe that loaded
+    (tmp_path / "ab" / "notes.so.load_ok").write_text("")  # not inductor's layout: never carried
     os.utime(old, (time.time() - 3600, time.time() - 3600))
-    assert cc.native_kernels(time.time() - 60, tmp_path) == [(KERNEL_A, new.name.encode())]
-    # Put back on an empty machine under the same names; one already there stays as it is.
+    got = cc.native_kernels(time.time() - 60, tmp_path)
+    assert got == [(KERNEL_A, new.name.encode()), (KERNEL_B, probe.name.encode()), (KERNEL_B + ".load_ok", b"")]
+    # Put back on an empty machine under the same names, each probe's marker after its program; one already
+    # there stays as it is. The count is of kernels, not markers.
     dest = tmp_path / "machine-2"
     (dest / "ab").mkdir(parents=True)
-    assert cc.place_kernels([(KERNEL_A, b"carried")], dest) == 1
+    assert cc.place_kernels(got, dest) == 2
     assert cc.place_kernels([(KERNEL_A, b"other")], dest) == 0
-    assert (dest / KERNEL_A).read_bytes() == b"carried"
+    assert (dest / KERNEL_A).read_bytes() == new.name.encode()
+    assert (dest / (KERNEL_B + ".load_ok")).read_bytes() == b""
+    assert cc.unpack(cc.pack(b"artifacts", got))[1] == got  # a marker passes the blob's layout check
 
 
 def test_the_key_changes_with_what_the_code_was_compiled_for(make_config):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from baton.runtime import compile_cache as cc
 from support.helpers import assert_tensors_equal, read_metrics, store_checkpoint_tensors
 
 pytestmark = pytest.mark.slow
@@ -51,9 +52,15 @@ def test_the_second_session_compiles_warm_from_the_store_with_the_same_numbers(b
     assert second_rec["startup"]["compile"] == "warm", second_rec["startup"]
     assert second_rec["startup"]["note"].startswith("compile cache: loaded ")
     carried = int(re.search(r"(\d+) C\+\+ kernels", second_rec["startup"]["note"]).group(1))
-    # The CPU's kernels came with it, and inductor compiled none of its own on the second machine.
-    kernels = [p for p in (tmp_path / "m2" / "inductor").glob("*/*.so") if not p.with_name(p.name + ".load_ok").exists()]
-    assert carried > 0 and len(kernels) == carried
+    # The CPU's kernels came with it, the instruction-set probes with their markers among them, and inductor
+    # built no program of its own on the second machine: no kernel, no probe.
+    (blob,) = (store / "relay" / "compile-cache").glob("*.bin")
+    in_blob = [rel for rel, _ in cc.unpack(blob.read_bytes())[1]]
+    on_m2 = sorted(f"{p.parent.name}/{p.name}" for p in (tmp_path / "m2" / "inductor").glob("*/*.so*"))
+    assert carried > 0 and carried == sum(not cc.is_marker(r) for r in in_blob)
+    assert on_m2 == sorted(in_blob)
+    on_m1 = sorted(f"{p.parent.name}/{p.name}" for p in (tmp_path / "m1" / "inductor").glob("*/*.so*"))
+    assert on_m1 == on_m2
     (ref_rec,) = _ledger(store, "ref")
     assert ref_rec["startup"]["compile"] == "cold" and ref_rec["startup"]["note"] is None
     summary = json.loads((second / "relay" / "run_summary.json").read_text())
