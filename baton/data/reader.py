@@ -239,6 +239,16 @@ class WindowDataset:
         per_rank = global_batch // world
         return self.rows(self._block_ids(step * global_batch + rank * per_rank, per_rank))
 
+    def rank_rows_ahead(self, step: int, steps: int, global_batch: int, rank: int, world: int) -> torch.Tensor:
+        """``rank_rows`` of ``steps`` steps from ``step`` on, one after the other in one tensor, read in one go:
+        step ``step + i``'s share is rows ``[i * per_rank, (i + 1) * per_rank)``. The vocabulary check covers
+        every row read (a DataError names the first bad window, whichever step reads it)."""
+        per_rank = global_batch // world
+        ids = self._block_ids(step * global_batch, steps * global_batch)
+        if world > 1:
+            ids = ids.reshape(steps, global_batch)[:, rank * per_rank:(rank + 1) * per_rank].reshape(-1)
+        return self.rows(ids)
+
     def _block_ids(self, start: int, count: int) -> np.ndarray:
         """``train_window_ids(start, count)``; reading forward, as training does, is served from a block of
         ``ID_BLOCK`` samples computed ahead. A jump (a resume, random access) computes just what it asks."""

@@ -38,7 +38,7 @@ from ..runtime.memory import rss_peak
 from ..runtime.slurm import warning_signal
 from ..tracking import Trackers, check_installed, open_trackers
 from ..tracking.trackers import read_rows
-from . import anytime
+from . import anytime, readahead
 from . import parts as session_parts
 from . import resume as resuming
 from .checkpointer import Checkpointer
@@ -142,6 +142,9 @@ class Session:
         self._batch_rows = torch.zeros(cfg.train.global_batch, dtype=torch.float64,
                                        pin_memory=p.device.type == "cuda" and p.world > 1)
         self._rows = np.zeros((0, 1), dtype=np.int64)  # the host rows of the step being computed
+        self._digests: list[int] | None = None  # their digests, where they were made with the rows
+        self._ahead = readahead.ShareAhead(cfg.train.global_batch, p.dist.rank, p.world, cfg.data.seq_len) \
+            if p.device.type == "cpu" else None
         self._bar = None
 
     # -------------------------------------------------------------------------------- the step
@@ -159,11 +162,16 @@ class Session:
         ``micro_batches``, the path the reader's tests check). The samples' digests are made later, in
         ``reduce_step``, once the step's work is queued on the device."""
         p = self.parts
-        # The rank's whole share at once: one read, one pinned asynchronous copy to the GPU; the micro-batches
-        # are slices of it. (Host work between the model's kernels is what a step pays for beyond a bare loop,
-        # so it is done once per step, not once per micro-batch.)
+        # Host work between the model's kernels is what a step pays for beyond a bare loop: on the CPU the
+        # shares of the next steps are read, split and digested at once (baton.session.readahead) ...
+        share = self._ahead.share(p.data, step) if self._ahead is not None else None
+        if share is not None:
+            self._digests = share.digests
+            return readahead.micro_batches(share, p.micro_batch)
+        # ... elsewhere the rank's whole share of this step at once: one read, one pinned asynchronous copy to
+        # the GPU; the micro-batches are slices of it, and its digests are made once its kernels are queued.
         t = p.data.rank_rows(step, p.cfg.train.global_batch, p.dist.rank, p.world)
-        self._rows = t.numpy()
+        self._rows, self._digests = t.numpy(), None
         if p.device.type == "cuda":
             t = t.pin_memory().to(p.device, non_blocking=True)
         return micro_batches(t, p.micro_batch)
@@ -184,7 +192,7 @@ class Session:
         computes, instead of before the first kernel.
         """
         p = self.parts
-        mine = _row_digests(self._rows)
+        mine = self._digests if self._digests is not None else readahead.row_digests(self._rows)
         local = [grad_norm] if found_inf is None else [grad_norm, found_inf]
         k = len(local)
         with torch.no_grad():
@@ -475,16 +483,3 @@ def f32_running_sum(values: list[float]) -> float:
         except OverflowError:  # past fp32's largest finite value: fp32 addition gives an infinity
             acc = math.copysign(math.inf, acc + v)
     return acc
-
-
-def _row_digests(rows: np.ndarray) -> list[int]:
-    """Each sample's digest: 31 bits of blake2b over its input tokens as int64 (a sum of one such value per
-    position is exact in the float64 all-reduce). ``rows``: the share as read, ``seq_len + 1`` tokens a row."""
-    if not len(rows):
-        return []
-    whole = np.ascontiguousarray(rows).data.cast("B")
-    step = whole.nbytes // len(rows)
-    n = step - rows.itemsize  # the inputs: every token but the last
-    blake = hashlib.blake2b
-    return [int.from_bytes(blake(whole[i:i + n], digest_size=4).digest(), "little") >> 1
-            for i in range(0, whole.nbytes, step)]

@@ -1,0 +1,80 @@
+"""On the CPU, a rank's shares of the next steps read, split into inputs and labels, and digested in one go.
+
+Each step's share is the same either way (``WindowDataset.rank_rows`` of the step, the same digests): what
+changes is when the host does the work. On a CPU the host is the device, and a small read, copy and hash per
+step, done between the model's kernels with cold caches, cost several times what the same work costs done for
+many steps at once (benchmarks/bench_step_overhead.py). On a GPU each step's share is still read on its own,
+before its kernels are queued, and digested while they run; a block read there would stall the queue instead.
+
+A window whose token is outside the vocabulary makes the block unreadable: the steps are then read one by one,
+so the error names the step that reads the window, as it would without reading ahead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from ..data.reader import WindowDataset
+from ..errors import DataError
+
+BLOCK_BYTES = 4 << 20  # the int64 rows of one block, at most (the inputs and labels copies are the same again)
+MAX_STEPS = 64
+
+
+class Share(NamedTuple):
+    inputs: np.ndarray  # (per_rank, seq_len) int64, contiguous
+    labels: np.ndarray
+    digests: list[int]  # one per sample (``row_digests``)
+
+
+class ShareAhead:
+    """This rank's shares of steps ``first`` to ``first + steps - 1``, read in one go (see the module)."""
+
+    def __init__(self, global_batch: int, rank: int, world: int, seq_len: int):
+        self.global_batch, self.rank, self.world = global_batch, rank, world
+        self.per = global_batch // world
+        self.steps = max(1, min(MAX_STEPS, BLOCK_BYTES // (self.per * (seq_len + 1) * 8)))
+        self._key: tuple | None = None  # (the dataset, its skipped ranges, the first step) the block was read for
+        self._block: tuple[np.ndarray, np.ndarray, list[int]] | None = None
+
+    def share(self, data: WindowDataset, step: int) -> Share | None:
+        """Step ``step``'s share, or None where it must be read alone (a bad window ahead)."""
+        key = self._key
+        if key is None or key[0] is not data or key[1] != data.skipped or not key[2] <= step < key[2] + self.steps:
+            self._key, self._block = None, None
+            try:
+                rows = data.rank_rows_ahead(step, self.steps, self.global_batch, self.rank, self.world).numpy()
+            except DataError:  # read step by step: the error then comes from the step that reads the window
+                return None
+            self._block = np.ascontiguousarray(rows[:, :-1]), np.ascontiguousarray(rows[:, 1:]), row_digests(rows)
+            self._key = (data, data.skipped, step)
+            key = self._key
+        assert self._block is not None
+        i = (step - key[2]) * self.per
+        inputs, labels, digests = self._block
+        return Share(inputs[i:i + self.per], labels[i:i + self.per], digests[i:i + self.per])
+
+
+def micro_batches(share: Share, micro_batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(inputs, labels) of each micro-batch of a share: views of the block's contiguous copies."""
+    x, y = share.inputs, share.labels
+    for j in range(0, len(x), micro_batch):
+        yield torch.from_numpy(x[j:j + micro_batch]), torch.from_numpy(y[j:j + micro_batch])
+
+
+def row_digests(rows: np.ndarray) -> list[int]:
+    """Each sample's digest: 31 bits of blake2b over its input tokens as int64 (a sum of one such value per
+    position is exact in the float64 all-reduce). ``rows``: the share as read, ``seq_len + 1`` tokens a row."""
+    if not len(rows):
+        return []
+    whole = np.ascontiguousarray(rows).data.cast("B")
+    step = whole.nbytes // len(rows)
+    n = step - rows.itemsize  # the inputs: every token but the last
+    blake = hashlib.blake2b
+    return [int.from_bytes(blake(whole[i:i + n], digest_size=4).digest(), "little") >> 1
+            for i in range(0, whole.nbytes, step)]
