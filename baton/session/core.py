@@ -11,7 +11,6 @@ counters), ``checkpointer`` (the push in flight and the lineage), ``budget`` (th
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import math
@@ -143,6 +142,7 @@ class Session:
                                        pin_memory=p.device.type == "cuda" and p.world > 1)
         self._rows = np.zeros((0, 1), dtype=np.int64)  # the host rows of the step being computed
         self._digests: list[int] | None = None  # their digests, where they were made with the rows
+        self._batch_sha: str | None = None  # and the global batch's, where this rank's share is all of it
         self._ahead = readahead.ShareAhead(cfg.train.global_batch, p.dist.rank, p.world, cfg.data.seq_len) \
             if p.device.type == "cpu" else None
         self._bar = None
@@ -166,12 +166,12 @@ class Session:
         # shares of the next steps are read, split and digested at once (baton.session.readahead) ...
         share = self._ahead.share(p.data, step) if self._ahead is not None else None
         if share is not None:
-            self._digests = share.digests
+            self._digests, self._batch_sha = share.digests, share.batch_sha
             return readahead.micro_batches(share, p.micro_batch)
         # ... elsewhere the rank's whole share of this step at once: one read, one pinned asynchronous copy to
         # the GPU; the micro-batches are slices of it, and its digests are made once its kernels are queued.
         t = p.data.rank_rows(step, p.cfg.train.global_batch, p.dist.rank, p.world)
-        self._rows, self._digests = t.numpy(), None
+        self._rows, self._digests, self._batch_sha = t.numpy(), None, None
         if p.device.type == "cuda":
             t = t.pin_memory().to(p.device, non_blocking=True)
         return micro_batches(t, p.micro_batch)
@@ -212,8 +212,8 @@ class Session:
                 dist.sum_(shared)
                 host = torch.cat([torch.stack(local).double(), shared]).cpu().numpy()  # the read
                 loss, rows = float(host[k]) / p.world, host[k + 1:].astype(np.int64).tolist()
-        return StepValues(loss, float(host[0]), bool(host[1]) if found_inf is not None else False,
-                          hashlib.sha256(struct.pack(f"{len(rows)}q", *rows)).hexdigest()[:16])
+        sha = self._batch_sha if p.world == 1 and self._batch_sha is not None else readahead.batch_digest(rows)
+        return StepValues(loss, float(host[0]), bool(host[1]) if found_inf is not None else False, sha)
 
     # ------------------------------------------------------------------------- step boundaries
     def agree(self, step: int) -> Boundary:

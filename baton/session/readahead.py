@@ -13,6 +13,7 @@ so the error names the step that reads the window, as it would without reading a
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -30,6 +31,7 @@ class Share(NamedTuple):
     inputs: np.ndarray  # (per_rank, seq_len) int64, contiguous
     labels: np.ndarray
     digests: list[int]  # one per sample (``row_digests``)
+    batch_sha: str | None  # the global batch's digest (``batch_digest``) where this rank's share is all of it
 
 
 class ShareAhead:
@@ -40,7 +42,7 @@ class ShareAhead:
         self.per = global_batch // world
         self.steps = max(1, min(MAX_STEPS, BLOCK_BYTES // (self.per * (seq_len + 1) * 8)))
         self._key: tuple | None = None  # (the dataset, its skipped ranges, the first step) the block was read for
-        self._block: tuple[np.ndarray, np.ndarray, list[int]] | None = None
+        self._block: tuple[np.ndarray, np.ndarray, list[int], list[str | None]] | None = None
 
     def share(self, data: WindowDataset, step: int) -> Share | None:
         """Step ``step``'s share, or None where it must be read alone (a bad window ahead)."""
@@ -51,13 +53,18 @@ class ShareAhead:
                 rows = data.rank_rows_ahead(step, self.steps, self.global_batch, self.rank, self.world).numpy()
             except DataError:  # read step by step: the error then comes from the step that reads the window
                 return None
-            self._block = np.ascontiguousarray(rows[:, :-1]), np.ascontiguousarray(rows[:, 1:]), row_digests(rows)
+            digests = row_digests(rows)
+            shas: list[str | None] = [None] * self.steps  # with several ranks, known after the step's collective
+            if self.world == 1:
+                shas = [batch_digest(digests[i:i + self.per]) for i in range(0, len(digests), self.per)]
+            self._block = np.ascontiguousarray(rows[:, :-1]), np.ascontiguousarray(rows[:, 1:]), digests, shas
             self._key = (data, data.skipped, step)
             key = self._key
         assert self._block is not None
-        i = (step - key[2]) * self.per
-        inputs, labels, digests = self._block
-        return Share(inputs[i:i + self.per], labels[i:i + self.per], digests[i:i + self.per])
+        n = step - key[2]
+        i = n * self.per
+        inputs, labels, digests, shas = self._block
+        return Share(inputs[i:i + self.per], labels[i:i + self.per], digests[i:i + self.per], shas[n])
 
 
 def micro_batches(share: Share, micro_batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -78,3 +85,8 @@ def row_digests(rows: np.ndarray) -> list[int]:
     blake = hashlib.blake2b
     return [int.from_bytes(blake(whole[i:i + n], digest_size=4).digest(), "little") >> 1
             for i in range(0, whole.nbytes, step)]
+
+
+def batch_digest(digests: list[int]) -> str:
+    """A global batch's ``batch_sha``: sha256 over its samples' digests in global-batch order, 16 hex digits."""
+    return hashlib.sha256(struct.pack(f"{len(digests)}q", *digests)).hexdigest()[:16]

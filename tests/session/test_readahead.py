@@ -30,6 +30,8 @@ def check(ahead: readahead.ShareAhead, ds: WindowDataset, ref: WindowDataset, st
     want, digests = alone(ref, step, gb, rank, world, mb)
     got = list(readahead.micro_batches(share, mb))
     assert len(got) == len(want) and share.digests == digests
+    # One rank's share is the whole global batch: its digest is known ahead; with several, after the collective.
+    assert share.batch_sha == (readahead.batch_digest(digests) if world == 1 else None)
     for (x, y), (ex, ey) in zip(got, want):
         assert x.dtype == torch.int64 and x.is_contiguous() and y.is_contiguous()
         assert torch.equal(x, ex) and torch.equal(y, ey)
