@@ -85,6 +85,10 @@ def main(out: Path, kind: str) -> None:
     (out / f"rank-{rank}.json").write_text(json.dumps(result), encoding="utf-8")
     if isinstance(result, list):
         dist.destroy_process_group()
+    else:
+        # After NCCL's refusal the communicator is broken: tearing it down (here or at interpreter exit) can
+        # wait forever on the other rank, so the process leaves at once, its result already on disk.
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -100,10 +100,12 @@ import math
 import multiprocessing
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -121,11 +123,12 @@ CASES = {
     "trainer": ("trainer", []),
     "trainer_defaults": ("trainer", ["train.compile=true", "train.fused_ce=auto"]),
     "muon": ("speed", ["optim.name=muon"]),  # Muon's Newton-Schulz matmuls: its step time beside base's
-    # Cold, then warm from the run's compile cache: two processes, each on an empty machine.
-    "compile_cache": ("compile_cache", ["train.fused_ce=auto"]),
     # The attention auto picks, by the kernels' names in a profile.
     "attn_kernel": ("attn_kernel", ["model.attn=auto"]),
     "syncs": ("syncs", ["train.fused_ce=auto"]),
+    # Cold, then warm from the run's compile cache: two processes, each on an empty machine. After the two
+    # short rows above, so that its less predictable time cannot cut them.
+    "compile_cache": ("compile_cache", ["train.fused_ce=auto"]),
     "fused_ce": ("speed", ["train.fused_ce=chunked"]),  # the chunked loss, eager: its memory and tokens/s
     "liger": ("speed", ["train.fused_ce=liger"]),
     # The commands a person types, as subprocesses, with every device setting left at auto.
@@ -147,7 +150,9 @@ NEEDS_CUDA = ("flash2", "liger", "syncs")
 MAY_REFUSE = ("flash2", "liger", "fsdp_fp16")
 # Seconds a case is known to need on an H100/H200, start-up included: it does not start with less left.
 NEEDS_SECONDS = {"compile": 120.0, "compile_cache": 150.0, "cli": 150.0, "trainer": 45.0, "trainer_defaults": 120.0,
-                 "fsdp_fp16": 40.0, "fp16_fused": 40.0}
+                 "fsdp_fp16": 40.0, "fp16_fused": 40.0,
+                 # 100 steps at the reference shape, a session's set-up and its 1.27 GB checkpoint
+                 "fp16": 45.0, "bf16": 45.0, "fp32": 45.0}
 NEEDS_SECONDS_DEFAULT = 15.0
 
 # Sizes per group: (GPU, smoke). steps: optimizer steps (precision, resume), measured steps after warmup
@@ -472,9 +477,13 @@ def run_syncs(args, name: str) -> dict:
         show = warnings.showwarning
 
         def seen(message, category, filename, lineno, file=None, line=None):
+            if "synchroniz" not in str(message):  # torch's sync debug mode says "synchronizing CUDA operation"
+                show(message, category, filename, lineno, file, line)
+                return
             frames = [f for f in traceback.extract_stack()[:-1] if "warnings" not in f.filename]
-            places.append(f"{frames[-1].filename.rsplit('/', 2)[-2]}/{frames[-1].filename.rsplit('/', 1)[-1]}:"
-                          f"{frames[-1].lineno}" if frames else f"{filename}:{lineno}")
+            where = frames[-1] if frames else None
+            places.append(f"{'/'.join(Path(where.filename).parts[-2:])}:{where.lineno}" if where
+                          else f"{filename}:{lineno}")
 
         torch.cuda.set_sync_debug_mode("warn")
         try:
@@ -657,7 +666,6 @@ def run_cli(args, name: str) -> dict:
     precision, attention, compile, fused loss, micro-batch) all left at auto: prepare, a bench of two cells,
     preflight at the configured shape (every stage), a training session stopped by SIGTERM, a second one in
     an emptied run folder that resumes from the store and finishes, export, eval and sample."""
-    import signal
 
     size = SIZES["cli"][1 if args.smoke else 0]
     model = SMOKE_MODEL if args.smoke else CLI_MODEL
@@ -667,7 +675,9 @@ def run_cli(args, name: str) -> dict:
     cfg.write_text(CLI_TOML.format(work=work, max_seq_len=max(256, size["seq_len"]), seq_len=size["seq_len"],
                                    steps=size["steps"], global_batch=size["global_batch"], threads=1 if args.smoke else 0,
                                    **model), encoding="utf-8")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # The checkout's package whether or not it is installed (the commands run from the case's folder).
+    pythonpath = os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH")) if x)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": pythonpath}
     timings: dict[str, float] = {}
 
     def baton(label: str, *argv: str) -> subprocess.CompletedProcess:
@@ -744,6 +754,7 @@ def case_main(args) -> None:
 def forked_case(argv: list[str], out: str, err: str) -> None:
     """A case process forked from the pre-imported server: this script's own entry point with its output in
     files, as a subprocess's would be. The server never touches CUDA, so each case initialises its own."""
+    os.setsid()  # its own process group: a timeout stops what it started too (a relay's sessions, torchrun's ranks)
     os.chdir(ROOT)
     for fd, path in ((1, out), (2, err)):
         f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -764,10 +775,20 @@ def run_forked(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
         out, err = os.path.join(d, "out"), os.path.join(d, "err")
         proc = ctx.Process(target=forked_case, args=(argv, out, err))
         proc.start()
-        proc.join(timeout)
-        if proc.exitcode is None:
-            proc.kill()
-            proc.join()
+        try:
+            proc.join(timeout)
+        finally:  # a timeout, or this script stopped (Ctrl-C): the case's whole group goes, GPU memory with it
+            if proc.exitcode is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.kill()
+                proc.join()
+                timed_out = True
+            else:
+                timed_out = False
+        if timed_out:
             raise subprocess.TimeoutExpired(argv, timeout)
         with open(out, errors="replace") as fo, open(err, errors="replace") as fe:
             return subprocess.CompletedProcess(argv, proc.exitcode, fo.read(), fe.read())
@@ -782,7 +803,7 @@ def skip_reason(name: str, smoke: bool) -> str | None:
         return "no CUDA"
     if smoke and name in ("compile", "compile_cache", "trainer_defaults"):
         return "smoke (CPU code generation takes minutes; measured on the GPU)"
-    if name == "trainer" and importlib.util.find_spec("accelerate") is None:
+    if CASES[name][0] == "trainer" and importlib.util.find_spec("accelerate") is None:
         return 'accelerate not installed (pip install -e ".[bench]")'
     return None  # flash2 and liger are decided by baton itself in the case's process (MAY_REFUSE)
 
@@ -921,9 +942,21 @@ def parent_main(args) -> int:
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     multiprocessing.set_forkserver_preload(FORK_PRELOAD)
 
+    out = Path(args.out) if args.out else Path(os.environ.get("OUT") or work) / "gpu_check.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done: dict[str, dict] = {}
+    lock = threading.Lock()
+
     def one(name: str) -> dict:
         r = run_case(args, name, deadline)
-        print(f"{name}: {r['status']} ({r['wall_seconds']:.0f} s) {r.get('note', '')}", flush=True)
+        figures = ", ".join(f"{k} {fmt(r.get(k), spec)}" for k, spec in
+                            (("tokens_per_s", ",.0f"), ("mfu", ".1%"), ("ratio", ".3f")) if r.get(k) is not None)
+        print(f"{name}: {r['status']} ({r['wall_seconds']:.0f} s) {figures + '; ' if figures else ''}"
+              f"{r.get('note', '')}", flush=True)
+        with lock:  # each row on disk as it ends: a run cut short keeps what it measured
+            done[name] = r
+            out.write_text(json.dumps({"machine": machine(), "smoke": args.smoke, "partial": True,
+                                       "cases": list(done.values())}, indent=1, default=str))
         return r
 
     # One GPU: one case at a time. On CPU (smoke) the cases may share the cores.
@@ -951,8 +984,6 @@ def parent_main(args) -> int:
           f"{said(v['warm_start_target_met'])}")
     failed = [r["case"] for r in all_rows
               if r["status"] in ("FAILED", "CHECK FAILED") or r["status"].startswith("timeout")]
-    out = Path(args.out) if args.out else Path(os.environ.get("OUT") or work) / "gpu_check.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": machine(), "device": device, "smoke": args.smoke,
                                "command": " ".join([Path(sys.executable).name, *sys.argv]),
                                "budget_seconds": args.budget_seconds, "wall_seconds": wall, "verdicts": v,
