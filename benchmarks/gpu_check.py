@@ -606,8 +606,15 @@ def run_fsdp_fp16(args, name: str) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(ROOT / "benchmarks" / "fsdp_fp16_ranks.py"), str(out), kind]
     # Its own limit: a case stopped by the budget must not leave two ranks holding the GPU behind it.
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False, timeout=600 if args.smoke else 90,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=600 if args.smoke else 90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks: none may hold the GPU after this row
+        proc.communicate()
+        raise
+    p = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     if p.returncode:
         raise RuntimeError(f"the 2-process FSDP run exited {p.returncode}: {(p.stderr or p.stdout)[-2000:]}")
     r0, r1 = (json.loads((out / f"rank-{r}.json").read_text()) for r in (0, 1))
