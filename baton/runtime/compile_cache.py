@@ -8,8 +8,9 @@ compile of the same graphs finds them there. torch leaves out one thing: on the 
 compiled into shared objects, and a warm start would still compile every one of them (about two thirds of a
 CPU cold start). So the blob also carries those kernels, the ``.so`` files this process compiled into
 inductor's cache folder, which a warm start puts back under the same names (their names hash the source and
-the compiler's command line, target instruction set included: another machine finds one only when it would
-have compiled exactly it). With them go inductor's instruction-set probes: on x86 it builds and loads a small
+the compiler's command line). That command line says ``-march=native``, not which instructions it meant, so the
+key holds what the names do not: the CPU's feature flags, the compiler's version, the C library and the thread
+count written into the kernels; a blob loads only on a machine that would have built the same ones. With them go inductor's instruction-set probes: on x86 it builds and loads a small
 program for each vector extension the CPU claims before its first compile (half a warm CPU start), and keeps each
 program with a ``.load_ok`` marker once it loaded. The program's name hashes its source, the extension's flags,
 the C++ compiler's version and torch's, so a machine finds a carried probe only where its own would be the same
@@ -107,7 +108,21 @@ def device_identity(device: torch.device) -> dict[str, Any]:
         capability = torch.backends.cpu.get_cpu_capability()
     except (AttributeError, RuntimeError):
         pass
-    return {"type": device.type, "machine": platform.machine(), "capability": capability, "flags": _cpu_flags()}
+    # Inductor's C++ kernels are built with -march=native and a thread count written into them, against this
+    # machine's compiler and C library: each is part of what the kernels are, so each is part of the key.
+    return {"type": device.type, "machine": platform.machine(), "capability": capability, "flags": _cpu_flags(),
+            "threads": torch.get_num_threads(), "compiler": _cpp_compiler(), "libc": "-".join(platform.libc_ver())}
+
+
+def _cpp_compiler() -> str | None:
+    """A digest of the C++ compiler inductor builds its CPU kernels with (its version text), None where unknown."""
+    try:
+        from torch._inductor import cpp_builder
+
+        text = cpp_builder.get_compiler_version_info(cpp_builder.get_cpp_compiler())
+    except Exception:  # noqa: BLE001 - no compiler, or a torch without these helpers: the key says so (None)
+        return None
+    return hashlib.sha256(str(text).encode()).hexdigest()[:16] if text else None
 
 
 def _cpu_flags() -> str | None:
@@ -167,10 +182,10 @@ def unpack(blob: bytes) -> tuple[bytes, list[tuple[str, bytes]]]:
         if not isinstance(header, dict) or header.get("format") != FORMAT:
             raise ValueError(f"format {header.get('format') if isinstance(header, dict) else None!r}, not {FORMAT}")
         entries = [("artifacts", header["artifacts"])] + [(str(k["path"]), k) for k in header["kernels"]]
-        sizes = [int(entry["size"]) for _, entry in entries]
-        if min(sizes) < 0:
-            raise ValueError("a negative size")
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        sizes = [entry["size"] for _, entry in entries]
+        if any(type(n) is not int or n < 0 for n in sizes):
+            raise ValueError("a size that is not a whole number of bytes")
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise CacheUnusable(f"its header is unreadable ({e})") from None
     bad = [name for name, _ in entries[1:] if not KERNEL.fullmatch(name)]
     if bad:

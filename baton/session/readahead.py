@@ -43,15 +43,19 @@ class ShareAhead:
         self.steps = max(1, min(MAX_STEPS, BLOCK_BYTES // (self.per * (seq_len + 1) * 8)))
         self._key: tuple | None = None  # (the dataset, its skipped ranges, the first step) the block was read for
         self._block: tuple[np.ndarray, np.ndarray, list[int], list[str | None]] | None = None
+        self._unreadable: tuple | None = None  # the key of a block that failed: its steps are read one by one
 
     def share(self, data: WindowDataset, step: int) -> Share | None:
         """Step ``step``'s share, or None where it must be read alone (a bad window ahead)."""
         key = self._key
-        if key is None or key[0] is not data or key[1] != data.skipped or not key[2] <= step < key[2] + self.steps:
+        if key is None or not self._holds(key, data, step):
             self._key, self._block = None, None
+            if self._unreadable is not None and self._holds(self._unreadable, data, step):
+                return None  # not tried again for every step up to the bad window
             try:
                 rows = data.rank_rows_ahead(step, self.steps, self.global_batch, self.rank, self.world).numpy()
             except DataError:  # read step by step: the error then comes from the step that reads the window
+                self._unreadable = (data, data.skipped, step)
                 return None
             digests = row_digests(rows)
             shas: list[str | None] = [None] * self.steps  # with several ranks, known after the step's collective
@@ -65,6 +69,11 @@ class ShareAhead:
         i = n * self.per
         inputs, labels, digests, shas = self._block
         return Share(inputs[i:i + self.per], labels[i:i + self.per], digests[i:i + self.per], shas[n])
+
+
+    def _holds(self, key: tuple, data: WindowDataset, step: int) -> bool:
+        """Whether the block read for ``key`` holds ``step``'s share of ``data`` as it is now."""
+        return key[0] is data and key[1] == data.skipped and key[2] <= step < key[2] + self.steps
 
 
 def micro_batches(share: Share, micro_batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

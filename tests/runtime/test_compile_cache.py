@@ -43,6 +43,29 @@ def test_a_damaged_blob_is_refused_in_one_line(damage, said):
     assert "\n" not in str(e.value)
 
 
+def _with_header(header) -> bytes:
+    """A blob whose header is ``header`` (raw JSON text), its parts' bytes after it as the header says."""
+    head = header.encode()
+    return cc.MAGIC + cc._LEN.pack(len(head)) + head + b"artifacts"
+
+
+def _head(size: str, kernels: str = "[]") -> str:
+    """A header's JSON text with the artifacts' size and the kernels' list written as given."""
+    return '{"format": "' + cc.FORMAT + '", "artifacts": {"size": ' + size + ', "sha256": "x"}, "kernels": ' + kernels + "}"
+
+
+@pytest.mark.parametrize("header", [
+    _head("Infinity"), _head("9.0"), _head('"9"'), _head("9", kernels="3"), _head("9", kernels='["ab"]'),
+    "[" * 100_000 + "]" * 100_000,
+])
+def test_a_header_of_the_wrong_shape_is_refused_in_one_line(header):
+    # However its sha256 came to match its record (a push from a buggy or hostile writer), such a header is a
+    # note and a cold compile, never an error that ends the session.
+    with pytest.raises(cc.CacheUnusable, match="header is unreadable") as e:
+        cc.unpack(_with_header(header))
+    assert "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("path", ["../evil.so", "/tmp/x.so", "ab/../../x.so", "ab/cabc.so", "ab/c" + "a" * 51 + ".py"])
 def test_a_kernel_outside_inductors_layout_is_refused(path):
     with pytest.raises(cc.CacheUnusable, match="outside inductor's cache layout"):
@@ -81,6 +104,21 @@ def test_the_key_changes_with_what_the_code_was_compiled_for(make_config):
               key("model.n_layers=3"), key("train.precision=bf16"), key("train.parallel=fsdp")}
     assert base not in others and len(others) == 6
     assert cc.cache_key({**cc.key_parts(load_config(make_config()), torch.device("cpu"), 1), "world": 2}) != base
+
+
+def test_the_cpu_key_holds_what_inductors_kernel_names_leave_out(make_config):
+    # Inductor names a C++ kernel by its source and command line, which says -march=native and includes the
+    # thread count; the instructions meant, the compiler and the C library are in the key instead.
+    cfg = load_config(make_config(), ["train.compile=true"])
+    threads = torch.get_num_threads()
+    try:
+        parts = cc.key_parts(cfg, torch.device("cpu"), 1)
+        torch.set_num_threads(1 if threads != 1 else 2)
+        other = cc.key_parts(cfg, torch.device("cpu"), 1)
+    finally:
+        torch.set_num_threads(threads)
+    assert parts["device"]["threads"] == threads and cc.cache_key(other) != cc.cache_key(parts)
+    assert set(parts["device"]) >= {"flags", "compiler", "libc", "threads"}
 
 
 # ------------------------------------------------------------------------------------------- the store

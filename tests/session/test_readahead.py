@@ -84,4 +84,10 @@ def test_a_bad_window_ahead_fails_at_the_step_that_reads_it(prepared_data, tmp_p
         ds.rank_rows(step, gb, 0, 1)
     with pytest.raises(DataError, match=rf"^window {window} of {copy} holds token id 60000"):
         ds.rank_rows(bad_step, gb, 0, 1)
-    assert ahead.share(ds, bad_step + 1) is not None  # past it, blocks read again
+    # The block is not tried again for each step up to the bad window (a read of up to 4 MiB every step): its
+    # steps are read one by one, and past its end blocks are read again.
+    calls = []
+    rows_ahead = ds.rank_rows_ahead
+    ds.rank_rows_ahead = lambda *a: calls.append(a) or rows_ahead(*a)
+    assert ahead.share(ds, bad_step + 1) is None and calls == []
+    assert ahead.share(ds, ahead.steps) is not None and len(calls) == 1
