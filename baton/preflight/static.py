@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 from itertools import pairwise
@@ -65,8 +66,9 @@ def stage_construct(ctx: Context) -> StageResult:
         loss = model(input_ids=x, labels=x).loss
     loss.backward()
     grads = [p.grad for p in model.parameters()]
-    r.numbers["first_loss"] = float(loss.detach())
-    r.check("forward loss is finite", torch.isfinite(loss).item(), f"{float(loss):.4f}")
+    first = float(loss.detach())
+    r.numbers["first_loss"] = first
+    r.check("forward loss is finite", math.isfinite(first), f"{first:.4f}")
     r.check("backward gives finite gradients for every parameter",
             all(g is not None and torch.isfinite(g).all().item() for g in grads))
 
