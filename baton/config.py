@@ -161,7 +161,8 @@ class DataConfig(_Section):
     tokenizer: str = opt("", "tokenizer.json, a local HF tokenizer folder or hf://owner/name[@revision] (its "
                              "tokenizer.json, pinned by sha256); \"\" trains a byte-level BPE")
     tokenizer_vocab: int = opt(4096, "vocabulary size when baton trains the tokenizer", gt=0)
-    shard_tokens: int = opt(16_777_216, "tokens per shard file", gt=0)
+    # prepare fills one shard in memory: 2^30 tokens is 2-4 GiB, and larger shards gain nothing (they are mapped)
+    shard_tokens: int = opt(16_777_216, "tokens per shard file", gt=0, le=1 << 30)
     seq_len: int = opt(128, "tokens per training window", gt=0)
     shuffle_seed: int = opt(1234, "seed of the global window permutation")
     val_windows: int = opt(32, "held-out windows for validation (taken from the end of the stream)", ge=0)

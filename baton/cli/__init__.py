@@ -234,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         check_environment()
         args = build_parser().parse_args(argv)
         status = COMMANDS[args.command](args)
+        sys.stdout.flush()  # here, where a reader that has gone is caught below, not in Python's exit
     except BatonError as e:
         # Every rank prints its own error, ranks other than 0 saying which they are; under baton's launcher,
         # which prints each different error once when the ranks are done, only to the log.
@@ -247,6 +248,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("baton: interrupted", file=sys.stderr)
         status = 130
+    except BrokenPipeError:
+        # What reads the output (`| head`, `| true`) has stopped reading: nothing is wrong with the command, and
+        # there is nowhere left to say anything. Python's flush of stdout at exit would raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        status = 141  # a shell's status for a process ended by SIGPIPE
     except Exception as e:  # a bug or a dead peer: the traceback to a log file, one line naming it to the terminal
         from ..reads import one_line
 
@@ -391,7 +397,7 @@ def cmd_verify_data(args) -> int:
         raise BatonError("verify-data needs --dir or --config")
     report = verify_data(str(folder), args.workers)
     for problem in report.problems:
-        print(f"MISMATCH {problem}")
+        print(f"MISMATCH {escaped(problem)}")  # names and digests come from a manifest that may be edited
     print(report.summary())
     return 0 if report.ok else 1
 

@@ -8,6 +8,7 @@ collision never drops a document.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,8 @@ import numpy as np
 from ..errors import DataError
 from ..hashing import sha256_file
 from .sources import expand
+
+log = logging.getLogger(__name__)
 
 _P = np.uint64(0x100000001B3)  # FNV prime: odd, so the polynomial hash mixes every position
 
@@ -39,6 +42,21 @@ def eval_files(patterns: list[str]) -> list[Path]:
             raise DataError(f"data.decontaminate: {pat!r} matches no files (give evaluation text files or globs)")
         files += found
     return files
+
+
+def check_lengths(files: list[Path], texts: list[np.ndarray], n: int) -> None:
+    """An evaluation text shorter than ``n`` tokens has no n-gram, so nothing is ever dropped for it: said, and
+    refused when that is every text (decontamination would do nothing at all)."""
+    short = [f"{f} ({t.size} tokens)" for f, t in zip(files, texts) if t.size < n]
+    if not short:
+        return
+    if len(short) == len(texts):
+        raise DataError(f"data.decontaminate: every evaluation text is shorter than data.decontam_ngram={n} tokens "
+                        f"({', '.join(short[:3])}), so none could match a training document; lower "
+                        f"data.decontam_ngram to at most {max(1, max(t.size for t in texts))} or give longer texts")
+    log.warning("data.decontaminate: %d of %d evaluation texts are shorter than data.decontam_ngram=%d tokens and "
+                "can match no training document: %s%s", len(short), len(texts), n, ", ".join(short[:5]),
+                " ..." if len(short) > 5 else "")
 
 
 def describe(patterns: list[str]) -> list[dict[str, str]]:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
+from ..guard import shown
 
 MANIFEST = "manifest.json"
 FORMAT = "baton-data-v1"
@@ -32,7 +33,14 @@ def load_manifest(data_dir: str | Path) -> dict[str, Any]:
         raise DataError(f"data folder {data_dir} does not exist (run `baton prepare --config ...` first)")
     if not path.is_file():
         raise DataError(f"{path} not found: the data folder is not prepared (run `baton prepare --config ...`)")
-    return parse_manifest(path.read_bytes(), str(path))
+    m = parse_manifest(path.read_bytes(), str(path))
+    # A record that disagrees with itself (shards swapped, duplicated or dropped by hand under the old
+    # fingerprint) would train on other data than the fingerprint, and hence every resume check, names.
+    problems = manifest_problems(m)
+    if problems:
+        raise DataError(f"{path} does not agree with itself ({problems[0]}); it was edited or damaged after it was "
+                        "written: rerun `baton prepare` (or restore the folder)")
+    return m
 
 
 def parse_manifest(raw: bytes | str, where: str, fix: str = "rerun `baton prepare`") -> dict[str, Any]:
@@ -73,10 +81,17 @@ def _wrong_kinds(m: dict[str, Any]) -> list[str]:
         ("total_tokens is not a count", _count(m["total_tokens"])),
         ("n_shards is not a count", _count(m["n_shards"])),
         ("fingerprint is not text", isinstance(m["fingerprint"], str)),
-        (f"dtype {m['dtype']!r} is not uint16 or uint32", m["dtype"] in ("uint16", "uint32")),
+        (f"dtype {shown(m['dtype'])} is not uint16 or uint32", m["dtype"] in ("uint16", "uint32")),
         ("tokenizer is not a record with its file, sha256, vocab_size, eos_token and eos_id", isinstance(tok, dict)
          and isinstance(tok.get("file"), str) and isinstance(tok.get("sha256"), str)
          and _count(tok.get("vocab_size")) and isinstance(tok.get("eos_token"), str) and _count(tok.get("eos_id"))),
+        # Optional records that commands print or read back (prepare's Hub pins, data-info's summary).
+        ("sources is not a list of source records", isinstance(m.get("sources", []), list)
+         and all(isinstance(x, dict) for x in m.get("sources", []))),
+        ("decontamination is not null or its record (ngram, texts, dropped_documents, dropped_tokens)",
+         m.get("decontamination") is None or (isinstance(dc := m["decontamination"], dict) and _count(dc.get("ngram"))
+                                              and isinstance(dc.get("texts"), list) and _count(dc.get("dropped_documents"))
+                                              and _count(dc.get("dropped_tokens")))),
     ]
     wrong = [what for what, ok in checks if not ok]
     if not wrong:

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..config import Config, SourceConfig
 from ..errors import DataError
+from ..guard import places, resolved
 from ..hashing import sha256_file
 from . import decontam
 from .hub import STREAM_DIR, check_moved, hub_tokenizer
@@ -33,7 +34,7 @@ from .journal import JOURNAL, Journal
 from .manifest import FORMAT, MANIFEST, corpus_fingerprint, load_manifest
 from .mix import Mix
 from .shards import dtype_for_vocab, read_header, write_shard
-from .sources import SourceReader
+from .sources import SourceReader, decode_text
 from .tokenize import (  # noqa: F401
     TOKENIZER_FILE,
     Encoder,
@@ -103,7 +104,10 @@ def already_prepared(cfg: Config, readers: list[SourceReader] | None = None,
 
 
 def _readers(cfg: Config) -> list[SourceReader]:
-    return [SourceReader(s, i, cfg.data.dir) for i, s in enumerate(cfg.data.sources)]
+    # baton's own folders (the data, the run, a local store) are never read as documents, even where a source's
+    # folder or glob reaches them: the next prepare would read its own shards and manifest as text.
+    own = tuple(resolved(folder) for _, _, folder in places(cfg))
+    return [SourceReader(s, i, cfg.data.dir, own) for i, s in enumerate(cfg.data.sources)]
 
 
 def _clean(out: Path) -> None:
@@ -260,8 +264,10 @@ class _Job:
         self.caps = [s.max_tokens for s in cfg.data.sources]
         self.decon = None
         if cfg.data.decontaminate:
-            texts = [np.array(tok.encode(f.read_text(encoding="utf-8", errors="replace"), add_special_tokens=False).ids,
-                               dtype=np.int64) for f in decontam.eval_files(cfg.data.decontaminate)]
+            files = decontam.eval_files(cfg.data.decontaminate)
+            texts = [np.array(tok.encode(decode_text(f.read_bytes(), f), add_special_tokens=False).ids, dtype=np.int64)
+                     for f in files]
+            decontam.check_lengths(files, texts, cfg.data.decontam_ngram)
             self.decon = decontam.Decontaminator(texts, cfg.data.decontam_ngram)
         self.buf = np.empty(cfg.data.shard_tokens, dtype=self.dtype)
         self.fill = 0

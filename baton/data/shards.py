@@ -52,6 +52,8 @@ def read_header(path: Path) -> tuple[np.dtype, int]:
             raw = f.read(HEADER_SIZE)
     except FileNotFoundError:
         raise DataError(f"shard {path} is missing (rerun `baton prepare`)") from None
+    except OSError as e:  # a folder where the shard should be, no permission, an I/O error
+        raise DataError(f"shard {path} could not be read ({e.strerror or e}); rerun `baton prepare`") from None
     if len(raw) < HEADER_SIZE:
         raise DataError(f"shard {path} is truncated: {len(raw)} bytes, shorter than its header (rerun `baton prepare`)")
     magic, version, itemsize, count, _ = HEADER.unpack(raw)

@@ -11,6 +11,9 @@ from __future__ import annotations
 import glob
 import gzip
 import json
+import logging
+import os
+import re
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,12 +22,21 @@ from typing import Any
 from .. import extras
 from ..config import SourceConfig
 from ..errors import DataError
+from ..guard import shown
 from ..reads import reading
 from .hub import STREAM_DIR, HubDataset
+
+log = logging.getLogger(__name__)
 
 Doc = tuple[str, int, list[int]]
 GZIP_RATIO = 4  # size estimate of gzip-compressed text: the interleave only needs proportions
 SUFFIXES = {"jsonl": (".jsonl", ".json", ".jsonl.gz", ".json.gz"), "parquet": (".parquet",)}
+BOM = b"\xef\xbb\xbf"
+# Compressions read as bytes they are not: named by their first bytes (gzip, by its suffix, is read).
+COMPRESSED = {b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip",
+              b"\x1f\x8b": "gzip (without a .gz suffix)"}
+UNREAD_SUFFIXES = (".bz2", ".xz", ".zst", ".zstd", ".zip", ".lz4", ".7z")
+SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def stdlib_files() -> list[Path]:
@@ -32,18 +44,81 @@ def stdlib_files() -> list[Path]:
     return sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
 
 
-def expand(path: str, kind: str = "text") -> list[Path]:
-    """A file, a folder (recursively; hidden files and, for JSONL/Parquet, other suffixes skipped) or a glob."""
+def expand(path: str, kind: str = "text", exclude: tuple[Path, ...] = ()) -> list[Path]:
+    """A file, a folder (recursively; hidden files and, for JSONL/Parquet, other suffixes skipped) or a glob.
+
+    Each file once, however many names reach it (symlinked folders, a loop through ``..``): the first name in
+    sorted order. Nothing under ``exclude`` (resolved folders: baton's own data, run and store folders, whose
+    files are never documents)."""
     p = Path(path).expanduser()
     if p.is_file():
         return [p]
     if p.is_dir():
-        files = [q for q in p.rglob("*")
+        found = [q for q in p.rglob("*")
                  if q.is_file() and not any(part.startswith(".") for part in q.relative_to(p).parts)]
         if kind in SUFFIXES:
-            files = [q for q in files if q.name.endswith(SUFFIXES[kind])]
-        return sorted(files)
-    return sorted(Path(q) for q in glob.glob(str(p), recursive=True) if Path(q).is_file())
+            found = [q for q in found if q.name.endswith(SUFFIXES[kind])]
+    else:
+        found = [Path(q) for q in glob.glob(str(p), recursive=True) if Path(q).is_file()]
+    files, seen = [], set()
+    for q in sorted(found):
+        real = Path(os.path.realpath(q))
+        if real in seen or any(real == d or d in real.parents for d in exclude):
+            continue
+        seen.add(real)
+        files.append(q)
+    return files
+
+
+def compression(head: bytes) -> str | None:
+    """The compression a file's first bytes show, of those baton does not read; None for none of them."""
+    return next((name for magic, name in COMPRESSED.items() if head.startswith(magic)), None)
+
+
+def decode_text(raw: bytes, path: str | Path) -> str:
+    """A text file's bytes as UTF-8, a leading byte-order mark dropped. Any other encoding is refused: decoding
+    it with replacement characters would train on garbage without a word."""
+    raw = raw.removeprefix(BOM)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        packed = compression(raw[:8])
+        if packed:
+            raise DataError(f"data source file {shown(path)} is {packed}-compressed, which baton does not read: "
+                            "decompress it (gzip files named *.gz are read as they are)") from None
+        utf16 = " (it starts like UTF-16)" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+        raise DataError(f"data source file {shown(path)} is not UTF-8 text: byte 0x{raw[e.start]:02x} at offset "
+                        f"{e.start:,}{utf16}; convert it to UTF-8 (e.g. `iconv -f latin1 -t utf-8`) or remove it "
+                        "from the source") from None
+
+
+def document(value: Any, where: str, field: str) -> str | None:
+    """A record's text field as a document: None (skipped) for null or empty; UTF-8 bytes decoded; any other
+    kind of value refused, not stored as Python's printed form of it."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise DataError(f"{where}: field {field!r} holds bytes that are not UTF-8 text; point field at a text "
+                            "column, or convert the values to UTF-8 strings") from None
+    if not isinstance(value, str):
+        raise DataError(f"{where}: field {field!r} holds a {type(value).__name__}, not text; point field at a text "
+                        "column (set field = \"...\" on the source), or convert the values to strings")
+    return value or None
+
+
+def unread_files(path: str) -> str:
+    """Why a folder matched no files, where it holds files of a compression baton does not read."""
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        return ""
+    packed = sorted({q.name.rsplit(".", 1)[-1] for q in p.rglob("*") if q.name.endswith(UNREAD_SUFFIXES)})
+    if not packed:
+        return ""
+    return (f"it holds .{', .'.join(packed)} files, a compression baton does not read: decompress them, or "
+            "recompress them with gzip (*.gz)")
 
 
 def _open_text(path: Path):
@@ -61,7 +136,8 @@ def _reading(path: Path, kind: str):
 class SourceReader:
     """One configured source: its files, their identity and size, and documents from a position."""
 
-    def __init__(self, src: SourceConfig, index: int, data_dir: str | Path | None = None):
+    def __init__(self, src: SourceConfig, index: int, data_dir: str | Path | None = None,
+                 exclude: tuple[Path, ...] = ()):
         self.src, self.index = src, index
         self.kind = src.kind
         self.hub: HubDataset | None = None
@@ -74,9 +150,10 @@ class SourceReader:
         elif src.kind == "stdlib":
             self.files = stdlib_files()
         else:
-            self.files = expand(src.path, src.kind)
+            self.files = expand(src.path, src.kind, exclude)
         if not self.files:
-            raise DataError(f"data source {index} ({src.kind} {src.path!r}) matches no files (check the path or glob)")
+            raise DataError(f"data source {index} ({src.kind} {shown(src.path)}) matches no files "
+                            f"({unread_files(src.path) or 'check the path or glob'})")
         if src.kind == "hf_dataset":
             self._dataset = self._load_dataset()
         self.est_bytes = self._estimate()
@@ -137,8 +214,9 @@ class SourceReader:
         for i in range(pos[0], len(self.files)):
             with _reading(self.files[i], "text"), _open_text(self.files[i]) as fh:
                 raw = fh.read()
-            if raw:
-                yield raw.decode("utf-8", errors="replace"), len(raw), [i + 1]
+            text = decode_text(raw, self.files[i])
+            if text:
+                yield text, len(raw), [i + 1]
 
     def _jsonl(self, pos: list[int]) -> Iterator[Doc]:
         """pos = [file, byte offset, line number]."""
@@ -149,7 +227,11 @@ class SourceReader:
 
     def _jsonl_file(self, path: Path, name: str, fi: int, offset: int, lineno: int) -> Iterator[Doc]:
         field = self.src.field
+        mended = 0
         with _reading(path, "jsonl"), _open_text(path) as fh:
+            if offset == 0 and not path.name.endswith(".gz") and (packed := compression(fh.read(8))):
+                raise DataError(f"{name} is {packed}-compressed, which baton does not read: decompress it, or "
+                                "compress it with gzip and name it *.jsonl.gz")
             fh.seek(offset)
             for line in fh:
                 offset += len(line)
@@ -164,10 +246,18 @@ class SourceReader:
                 if not isinstance(obj, dict) or field not in obj:
                     raise DataError(f"{name}:{lineno - 1} has no field {field!r} "
                                     "(set field = \"...\" on the source)")
-                value = obj[field]
-                if value is None or value == "":
+                text = document(obj[field], f"{name}:{lineno - 1}", field)
+                if text is None:
                     continue
-                yield (value if isinstance(value, str) else str(value)), len(line), [fi, offset, lineno]
+                if not text.isascii() and SURROGATE.search(text):
+                    # Half of a surrogate pair (an emoji cut in two upstream): JSON allows it, UTF-8 has no
+                    # encoding for it. The character was lost before baton saw it; the document is kept.
+                    text = SURROGATE.sub("\ufffd", text)
+                    if not mended:
+                        log.warning("%s:%d: a lone UTF-16 surrogate (half of a character) replaced by U+FFFD; "
+                                    "later ones in this file are replaced too", name, lineno - 1)
+                    mended += 1
+                yield text, len(line), [fi, offset, lineno]
 
     def _parquet(self, pos: list[int]) -> Iterator[Doc]:
         """pos = [file, row]; reading starts at the row group holding the row, one batch in memory."""
@@ -193,10 +283,9 @@ class SourceReader:
             for batch in pf.iter_batches(batch_size=1024, row_groups=range(g, md.num_row_groups), columns=[field]):
                 values = batch.column(0).to_pylist()
                 for k in range(max(0, row - r), len(values)):
-                    v = values[k]
-                    if v is None or v == "":
+                    text = document(values[k], f"{name} row {r + k}", field)
+                    if text is None:
                         continue
-                    text = v if isinstance(v, str) else str(v)
                     yield text, len(text.encode("utf-8")), [fi, r + k + 1]
                 r += len(values)
 
@@ -243,7 +332,13 @@ class SourceReader:
         except FileNotFoundError as e:
             raise DataError(f"{self.src.path} is not a folder saved by datasets' save_to_disk ({e})") from None
         if isinstance(ds, datasets.DatasetDict):
-            ds = ds["train"] if "train" in ds else ds[sorted(ds)[0]]
+            if "train" not in ds:
+                first = next(iter(ds), None)
+                if first is None:
+                    raise DataError(f"dataset {shown(self.src.path)} holds no split; save one with save_to_disk")
+                log.info("dataset %s has no train split: reading %r, the first saved (splits: %s)", self.src.path,
+                         first, ", ".join(ds))
+            ds = ds["train"] if "train" in ds else ds[first]
         if self.src.field not in ds.column_names:
             names = ", ".join(ds.column_names)
             raise DataError(f"dataset {self.src.path} has no column {self.src.field!r} (columns: {names})")
@@ -254,7 +349,7 @@ class SourceReader:
         for a in range(pos[0], len(ds), 1024):
             values = ds[a : a + 1024][field]
             for k, v in enumerate(values):
-                if v is None or v == "":
+                text = document(v, f"dataset {self.src.path} row {a + k}", field)
+                if text is None:
                     continue
-                text = v if isinstance(v, str) else str(v)
                 yield text, len(text.encode("utf-8")), [a + k + 1]

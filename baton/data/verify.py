@@ -10,7 +10,8 @@ which are hashed here, never taken on the store's word. Checks:
   the sha256 the manifest records; no shard file exists that the manifest does not list;
 - every token id in a shard is below the tokenizer's ``vocab_size`` (one max per shard: shards that hash
   right but were written with another tokenizer would otherwise fail only in training);
-- the tokenizer file has the recorded sha256.
+- the tokenizer file has the recorded sha256, and the vocabulary size and end-of-text token recorded beside
+  it are the file's own (the sha256 covers the file, not what the record says of it).
 
 Every problem names its file, one problem per file.
 """
@@ -187,14 +188,31 @@ def _check_tokenizer(where, m: dict[str, Any], sizes: dict[str, int], problems: 
         problems.append(f"{name}: the tokenizer is missing")
         return 0
     if isinstance(where, _Folder):
-        digest = sha256_file(where.path / name)
+        digest, said = sha256_file(where.path / name), _recorded_problem(where.path / name, tok)
     else:
         local = where.tmp / name
         try:
             where.store.get_file(name, local)
-            digest = sha256_file(local)
+            digest, said = sha256_file(local), _recorded_problem(local, tok)
         finally:
             local.unlink(missing_ok=True)
     if digest != tok.get("sha256"):
         problems.append(f"{name}: sha256 {digest[:12]}… differs from the manifest's {str(tok.get('sha256'))[:12]}…")
+    elif said:
+        problems.append(f"{name}: {said}")
     return 1
+
+
+def _recorded_problem(path: Path, tok: dict[str, Any]) -> str | None:
+    """Where the manifest's vocab_size, eos_token or eos_id differ from the tokenizer file's own."""
+    from .tokenize import find_eos, load_tokenizer
+
+    try:
+        t = load_tokenizer(path)
+        own = {"vocab_size": t.get_vocab_size(with_added_tokens=True), **dict(zip(("eos_token", "eos_id"),
+                                                                                  find_eos(t)))}
+    except DataError as e:
+        return str(e)
+    wrong = [f"{k} {tok.get(k)!r} (the file's: {v!r})" for k, v in own.items() if tok.get(k) != v]
+    return f"the manifest records {', '.join(wrong)}: it was edited after prepare (rerun `baton prepare`)" if wrong \
+        else None

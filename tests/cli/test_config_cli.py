@@ -1,11 +1,17 @@
 """Bad input gets one clear line and exit status 2; every --help works."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from baton.cli import build_parser
 from baton.config import load_config
 from baton.errors import ConfigError
 
+ROOT = Path(__file__).resolve().parents[2]
 SUBCOMMANDS = sorted(build_parser()._subparsers._group_actions[0].choices)  # noqa: SLF001
 
 
@@ -190,3 +196,17 @@ def test_allow_change_refusal_and_help_name_each_key_once(capsys):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert f"other settings such as {m[2]} or the number of ranks may change without it" in text
+
+
+def test_a_reader_that_stops_reading_ends_the_command_quietly(tmp_path):
+    """`baton config | head -1`: the pipe's reader has gone before the command writes (its end is closed before
+    the process starts, so the write fails every time): no internal error, no traceback, a shell's SIGPIPE status."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        p = subprocess.run([sys.executable, "-m", "baton.cli", "config", "--reference"], stdout=write,
+                           stderr=subprocess.PIPE, text=True, timeout=600, check=False, cwd=tmp_path,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    finally:
+        os.close(write)
+    assert p.returncode == 141 and p.stderr == "", p.stderr

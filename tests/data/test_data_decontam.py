@@ -74,3 +74,27 @@ def test_hits_are_exact_never_hash_luck():
 
 def _ngrams_n(ids: list[int], n: int) -> set[tuple[int, ...]]:
     return {tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)}
+
+
+def test_evaluation_texts_shorter_than_the_ngram_are_said_and_all_short_is_refused(tmp_path, mix_paths, mix_prepared,
+                                                                                  caplog):
+    import pytest
+
+    from baton.errors import DataError
+
+    _, clean_dir = mix_prepared
+    short, long = tmp_path / "q.txt", tmp_path / "passage.txt"
+    short.write_text("Hamlet?")
+    long.write_text(mix_paths["jsonl"].read_text().splitlines()[3][:400])
+    data = {"shard_tokens": 8000, "tokenizer": str(clean_dir / "tokenizer.json"), "decontaminate": [str(short)]}
+    cfg = write_mix_config(tmp_path / "d.toml", tmp_path / "d", mix_paths, data=data)
+    with pytest.raises(DataError, match=r"every evaluation text is shorter than data.decontam_ngram=13 tokens \(.*"
+                                        r"q.txt \(\d tokens\)\), so none could match a training document; lower"):
+        prepare(load_config(cfg), progress=False)
+    data["decontaminate"] = [str(short), str(long)]
+    cfg = write_mix_config(tmp_path / "d.toml", tmp_path / "d", mix_paths, data=data)
+    with caplog.at_level("WARNING"):
+        m = prepare(load_config(cfg), progress=False)
+    assert m["decontamination"]["eval_ngrams"] > 0
+    assert any("1 of 2 evaluation texts are shorter than data.decontam_ngram=13 tokens" in r.getMessage()
+               and "q.txt" in r.getMessage() for r in caplog.records)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import json
 from pathlib import Path
@@ -128,3 +129,116 @@ def test_source_errors_name_the_problem(tmp_path):
         list(SourceReader(SourceConfig(kind="jsonl", path=str(bad)), 0).read([0, 0, 1]))
     with pytest.raises(DataError, match="matches no files"):
         SourceReader(SourceConfig(kind="text", path=str(tmp_path / "nothing-*.txt")), 0)
+
+
+def _docs(src: SourceConfig) -> list[str]:
+    reader = SourceReader(src, 0)
+    return [d for d, _, _ in reader.read(reader.start())]
+
+
+def test_text_files_are_utf8_or_refused_by_name(tmp_path):
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfbom text\r\n")
+    assert _docs(SourceConfig(kind="text", path=str(tmp_path / "bom.txt"))) == ["bom text\r\n"]  # the mark dropped
+    cases = {"latin.txt": ("café".encode("latin-1"), r"latin.txt is not UTF-8 text: byte 0xe9 at offset 3; convert"),
+             "u16.txt": ("hello".encode("utf-16"), r"u16.txt is not UTF-8 text: byte 0xff at offset 0 \(it starts like "
+                                                   r"UTF-16\)"),
+             "a.txt.bz2": (bz2.compress(b"x" * 100), r"a.txt.bz2 is bzip2-compressed, which baton does not read")}
+    for name, (raw, message) in cases.items():
+        (tmp_path / name).write_bytes(raw)
+        with pytest.raises(DataError, match=message):
+            _docs(SourceConfig(kind="text", path=str(tmp_path / name)))
+
+
+def test_record_fields_that_are_not_text_are_refused_not_printed_as_python(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for value, kind in ((["a", "b"], "list"), ({"x": 1}, "dict"), (42, "int"), (True, "bool")):
+        (tmp_path / "a.jsonl").write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps({"text": value}) + "\n")
+        with pytest.raises(DataError, match=rf"a.jsonl:2: field 'text' holds a {kind}, not text; point field at"):
+            _docs(SourceConfig(kind="jsonl", path=str(tmp_path / "a.jsonl")))
+    # A binary column of UTF-8 is text (decoded); bytes that are not UTF-8 are named by row.
+    pq.write_table(pa.table({"bin": [b"ab", None, "é".encode()]}), tmp_path / "b.parquet")
+    assert _docs(SourceConfig(kind="parquet", path=str(tmp_path / "b.parquet"), field="bin")) == ["ab", "é"]
+    pq.write_table(pa.table({"bin": [b"ab", b"\xff"]}), tmp_path / "c.parquet")
+    with pytest.raises(DataError, match=r"c.parquet row 1: field 'bin' holds bytes that are not UTF-8 text"):
+        _docs(SourceConfig(kind="parquet", path=str(tmp_path / "c.parquet"), field="bin"))
+
+
+def test_a_lone_surrogate_in_jsonl_is_replaced_and_said_once(tmp_path, caplog):
+    (tmp_path / "s.jsonl").write_text('{"text": "good doc"}\n{"text": "half \\ud83d here"}\n'
+                                      '{"text": "whole \\ud83d\\ude00 pair"}\n{"text": "\\udc00 again"}\n')
+    with caplog.at_level("WARNING"):
+        docs = _docs(SourceConfig(kind="jsonl", path=str(tmp_path / "s.jsonl")))
+    assert docs == ["good doc", "half \ufffd here", "whole \U0001f600 pair", "\ufffd again"]
+    assert [r.getMessage() for r in caplog.records if "surrogate" in r.getMessage()] == [
+        f"{tmp_path / 's.jsonl'}:2: a lone UTF-16 surrogate (half of a character) replaced by U+FFFD; later ones in "
+        "this file are replaced too"]
+
+
+def test_compressed_jsonl_baton_cannot_read_is_named(tmp_path):
+    (tmp_path / "z").mkdir()
+    (tmp_path / "z" / "a.jsonl.bz2").write_bytes(bz2.compress(b'{"text": "x"}\n'))
+    with pytest.raises(DataError, match=r"matches no files \(it holds \.bz2 files, a compression baton does not read"):
+        SourceReader(SourceConfig(kind="jsonl", path=str(tmp_path / "z")), 0)
+    with pytest.raises(DataError, match=r"a.jsonl.bz2 is bzip2-compressed, which baton does not read"):
+        _docs(SourceConfig(kind="jsonl", path=str(tmp_path / "z" / "*.jsonl.bz2")))
+
+
+def test_each_file_is_read_once_whatever_the_links_that_reach_it(tmp_path):
+    s = tmp_path / "s"
+    (s / "sub").mkdir(parents=True)
+    (s / "sub" / "a.txt").write_text("doc a")
+    (s / "sub" / "loop").symlink_to("..")  # a loop: s/sub/loop/sub/loop/... reaches a.txt without end
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "b.txt").write_text("doc b")
+    (s / "linked").symlink_to(tmp_path / "t")
+    (s / "b-again.txt").symlink_to(tmp_path / "t" / "b.txt")
+    docs = _docs(SourceConfig(kind="text", path=str(s / "**" / "*.txt")))
+    assert sorted(docs) == ["doc a", "doc b"]
+    assert sorted(_docs(SourceConfig(kind="text", path=str(s)))) == ["doc a", "doc b"]
+
+
+def test_a_saved_dataset_without_a_train_split_reads_its_first_saved_split(tmp_path, caplog):
+    import datasets
+
+    datasets.DatasetDict({"validation": datasets.Dataset.from_dict({"text": ["v1", "v2"]}),
+                          "test": datasets.Dataset.from_dict({"text": ["t1"]})}).save_to_disk(str(tmp_path / "hf"))
+    with caplog.at_level("INFO"):
+        assert _docs(SourceConfig(kind="hf_dataset", path=str(tmp_path / "hf"))) == ["v1", "v2"]
+    assert any("no train split: reading 'validation', the first saved" in r.getMessage() for r in caplog.records)
+
+
+def test_the_data_folder_inside_a_source_folder_is_never_read_as_documents(tmp_path, mix_prepared):
+    """A text source over a folder that also holds data.dir: the second prepare reads the new document, not its own
+    shards, manifest, tokenizer or journal, and prepares what the documents alone prepare."""
+    _, clean_dir = mix_prepared
+
+    def config(source: Path, data_dir: Path):
+        (tmp_path / "c.toml").write_text(f'[[data.sources]]\nkind = "text"\npath = "{source}"\n')
+        return load_config(tmp_path / "c.toml", [
+            f"data.dir={data_dir}", f"data.tokenizer={clean_dir / 'tokenizer.json'}", "data.shard_tokens=1000",
+            f"run.local_dir={tmp_path / 'runs'}", f"store.url={tmp_path / 'store'}", "data.val_windows=2"])
+
+    src = tmp_path / "corpus"
+    src.mkdir()
+    for i, d in enumerate(DOCS[:6]):
+        (src / f"d{i}.txt").write_text(d)
+    first = prepare(config(src, src / "prepared"), progress=False)
+    (src / "d9.txt").write_text(DOCS[7])
+    second = prepare(config(src, src / "prepared"), progress=False)
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    for f in src.glob("*.txt"):
+        (alone / f.name).write_bytes(f.read_bytes())
+    expected = prepare(config(alone, tmp_path / "p2"), progress=False)
+    assert second["total_tokens"] == expected["total_tokens"] > first["total_tokens"]
+    assert [s["sha256"] for s in second["shards"]] == [s["sha256"] for s in expected["shards"]]
+    assert [s["files"] for s in second["sources"]] == [7]
+
+
+def test_a_shard_size_beyond_what_prepare_can_hold_is_a_config_error():
+    from baton.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"data.shard_tokens"):
+        load_config(None, ["data.shard_tokens=1000000000000"])

@@ -124,6 +124,9 @@ MALFORMED = {
     "tokenizer absolute": lambda m: m["tokenizer"].update(file="/etc/hostname"),
     "tokenizer is a shard": lambda m: m["tokenizer"].update(file=m["shards"][0]["file"]),
     "dtype unknown": lambda m: m.update(dtype="float64"),
+    "sources not a list": lambda m: m.update(sources=5),
+    "decontamination as text": lambda m: m.update(decontamination="x"),
+    "decontamination without counts": lambda m: m.update(decontamination={"ngram": 13}),
 }
 
 
@@ -148,3 +151,67 @@ def test_malformed_manifest_is_one_error_for_every_reader(case, tmp_path, prepar
     with pytest.raises(DataError, match="manifest.json in .* is malformed.*baton publish-data"):
         ensure_data(cfg)
     assert not (tmp_path / "fresh").exists() and not (tmp_path.parent / "tokenizer.json").exists()
+
+
+# Edits that keep the manifest's shape but not its word: the shard list no longer what the fingerprint (and so
+# every resume's identity check) names. Every reader refuses them before a single shard is read.
+DISAGREEING = {
+    "two shards swapped": lambda m: m["shards"].__setitem__(slice(0, 2), m["shards"][1::-1]),
+    "a shard duplicated": lambda m: (m["shards"].append(dict(m["shards"][0])),
+                                     m.update(n_shards=m["n_shards"] + 1,
+                                              total_tokens=m["total_tokens"] + m["shards"][0]["tokens"])),
+    "a shard outside the folder": lambda m: m["shards"][0].update(file="../data/" + m["shards"][0]["file"]),
+}
+
+
+@pytest.mark.parametrize("case", list(DISAGREEING))
+def test_a_manifest_that_disagrees_with_itself_is_refused_by_the_reader_and_prepare_redoes_it(case, tmp_path,
+                                                                                            mix_prepared):
+    from baton.config import load_config
+    from baton.data.prepare import prepare
+    from baton.data.reader import WindowDataset
+    from baton.errors import DataError
+
+    cfg_path, prepared = mix_prepared
+    folder = tmp_path / "data"
+    shutil.copytree(prepared, folder)
+    original = load_manifest(folder)
+    m = json.loads((folder / "manifest.json").read_text())
+    DISAGREEING[case](m)
+    (folder / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(DataError, match=r"manifest.json does not agree with itself \(manifest.json: .*\); it was "
+                                        r"edited or damaged after it was written: rerun `baton prepare`"):
+        WindowDataset(folder, 32, 7, 16)
+    assert not verify_data(str(folder)).ok
+    # prepare does not take the folder for prepared: it writes it again, equal to the original.
+    again = prepare(load_config(cfg_path, [f"data.dir={folder}"]), progress=False)
+    assert again["fingerprint"] == original["fingerprint"] and again["shards"] == original["shards"]
+
+
+def test_a_shard_record_naming_a_folder_is_one_line(tmp_path, prepared_data):
+    from baton.data.reader import WindowDataset
+    from baton.errors import DataError
+
+    folder = tmp_path / "data"
+    shutil.copytree(prepared_data, folder)
+    name = load_manifest(folder)["shards"][0]["file"]
+    (folder / name).unlink()
+    (folder / name).mkdir()
+    with pytest.raises(DataError, match=rf"shard {folder / name} could not be read \(Is a directory\); rerun"):
+        WindowDataset(folder, 32, 7, 16)
+
+
+def test_the_tokenizer_record_must_say_what_the_tokenizer_file_holds(copy, baton_cli):
+    m = load_manifest(copy)
+    tok = m["tokenizer"]
+    _edit_manifest(copy, tokenizer={**tok, "vocab_size": tok["vocab_size"] + 88})
+    report = verify_data(str(copy))
+    assert report.problems == [f"tokenizer.json: the manifest records vocab_size {tok['vocab_size'] + 88} (the file's: "
+                               f"{tok['vocab_size']}): it was edited after prepare (rerun `baton prepare`)"]
+    # Values from the manifest reach the terminal escaped (a record's text may hold control characters).
+    _edit_manifest(copy, tokenizer=tok)
+    shard = m["shards"][0]
+    shard["sha256"] = "\x1b[31mred" + shard["sha256"][10:]
+    _edit_manifest(copy, shards=m["shards"], fingerprint=corpus_fingerprint(m["shards"], tok["sha256"], m["dtype"]))
+    out = baton_cli("verify-data", "--dir", str(copy))
+    assert out.returncode == 1 and "\x1b" not in out.stdout and "\\x1b[31mred" in out.stdout, out.stdout
