@@ -178,22 +178,29 @@ def push_checkpoint(store: Store, run: str, local: Path, step: int, cursor: dict
     t0 = time.perf_counter()
     path = ckpt_path(step)
     prefix = f"{run}/{path}"
+    old, prev = _previous(store, run)  # read before anything is written: what this push may not undo
+    if old is not None and step < old.step:
+        check_not_behind(store, run, old, step)
     try:
         files, timings = push_folder(store, local, prefix, mode, create=True)
     except WriteConflict as e:
         # Files of another writer at this step: one fenced since (the lease says so: Fenced), or a session
         # killed mid-upload. Only the lease's holder gets past ``verify_lease``; the folder is never verified
-        # while it holds another's files, so it is cleared and pushed again.
+        # while it holds another's files, so it is cleared and pushed again, unless the pointer counts it as
+        # verified: that one is the baton (or one to fall back to), never written over.
         verify = getattr(store, "verify_lease", None)
         if verify is not None:
             verify()
+        if old is not None and step in old.verified_steps() and missing_or_damaged(store, run, old) is None:
+            raise BatonError(f"{prefix} in {store.describe()} is a verified checkpoint the pointer counts, and it holds "
+                             f"other bytes than this session's step {step} ({e}): it is not written over (resume with "
+                             "--resume auto, or train this line of work under a new run.name)") from None
         log.warning("%s held files another session left (%s); removing them and pushing step %d again", prefix, e,
                     step)
         delete_prefix(store, prefix + "/")
         files, timings = push_folder(store, local, prefix, mode, create=True)
     t = time.perf_counter()
     faults.point("pointer", step)
-    prev = _previous_history(store, run)
     history = tuple(h for h in prev or () if h != path) + (path,)
     write_pointer(store, make_pointer(run, step, files, cursor, history[-max(keep_last, 1):]))
     timings["pointer"] = time.perf_counter() - t
@@ -210,14 +217,43 @@ def push_checkpoint(store: Store, run: str, local: Path, step: int, cursor: dict
     return PushResult(step, path, files, seconds, True, timings)
 
 
-def _previous_history(store: Store, run: str) -> tuple[str, ...] | None:
-    """The verified checkpoints the current pointer remembers; None when that is unknown."""
+def missing_or_damaged(store: Store, run: str, pointer: Pointer) -> str | None:
+    """What the store's listing says is wrong with the pointer's own checkpoint (a file missing, or of another
+    size or sha256 than the pointer records); None when it holds it intact."""
+    prefix = f"{run}/{pointer.path}"
+    listing = store.list(prefix + "/")
+    for name, want in pointer.files.items():
+        got = listing.get(f"{prefix}/{name}")
+        if got is None:
+            return f"{name} is missing"
+        if got.size != want["size"] or (got.sha256 is not None and got.sha256 != want["sha256"]):
+            return f"{name} is not the file the pointer records"
+    return None
+
+
+def check_not_behind(store: Store, run: str, pointer: Pointer, step: int) -> None:
+    """A line of work from ``step``, older than the pointer's: refused while the pointer's checkpoint is intact
+    (it would roll the pointer back and write over verified checkpoints). Where that checkpoint is missing or
+    damaged, going on from an older one is the recovery, and is said."""
+    why = missing_or_damaged(store, run, pointer)
+    if why is None:
+        raise BatonError(f"step {step} of run {run!r} is older than step {pointer.step}, which the pointer in "
+                         f"{store.describe()} names and the store holds intact: going on from it would roll the "
+                         "pointer back and write over verified checkpoints (resume with --resume auto, or train from "
+                         "the older checkpoint under a new run.name)")
+    log.warning("the pointer's checkpoint %s/%s is damaged in %s (%s): going on from the older step %d replaces it",
+                run, pointer.path, store.describe(), why, step)
+
+
+def _previous(store: Store, run: str) -> tuple[Pointer | None, tuple[str, ...] | None]:
+    """The current pointer and the verified checkpoints it remembers; (None, None) when there is none or it cannot
+    be read (retention then goes by step order)."""
     try:
         old = read_pointer(store, run)
-    except BatonError as e:  # retention then falls back to step order
+    except BatonError as e:
         log.warning("could not read the previous pointer of %s (%s); retention goes by step order", run, e)
-        return None
-    return old.history() if old is not None else None
+        return None, None
+    return old, old.history() if old is not None else None
 
 
 def finish_pruning(store: Store, run: str, pointer: Pointer, keep_last: int) -> list[str]:
@@ -251,6 +287,12 @@ def apply_retention(store: Store, run: str, keep_last: int, current: str,
     steps = steps_in_listing(keys, run)
     current_step = parse_step(current)
     assert current_step is not None, current  # a pointer's path or ckpt_path(step): parsed already
+    if current_step not in steps:
+        # The pointer names a checkpoint the store does not hold (deleted outside baton, or a pointer edited by
+        # hand): the older verified ones are all that is left to resume from, so none of them goes.
+        log.warning("retention skipped: the pointer's checkpoint %s/%s is not in %s's listing; nothing is deleted",
+                    run, current, store.describe())
+        return []
     if verified:
         kept = {current_step} | {s for s in map(parse_step, verified[-keep_last:]) if s is not None}
     else:

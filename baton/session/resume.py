@@ -19,7 +19,7 @@ import torch
 
 from .. import faults
 from ..checkpoint import state as ckstate
-from ..checkpoint.cycle import finish_pruning, push_checkpoint
+from ..checkpoint.cycle import check_not_behind, finish_pruning, push_checkpoint
 from ..checkpoint.names import folder_name, parse_step
 from ..checkpoint.pointer import POINTER, Lineage, Pointer, read_pointer
 from ..checkpoint.pull import pull_checkpoint, stored_state
@@ -101,10 +101,16 @@ def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
         dist.on_main(pull, local=True)
         if s.startup is not None:
             s.startup.pull += time.time() - t
+        if source == s.run:
+            # The pruning a killed session left undone, only now that the pointer's checkpoint has been pulled and
+            # proven: were it missing or damaged, the older verified checkpoints are what a person resumes from.
+            dist.on_main(lambda: finish_pruning(s.store, s.run, pointer, s.cfg.store.keep_last))
         # A branch's first checkpoint has no parent in its own line: like a run's first, it continues the store
         # when the branch's ledger knows the session that saved it (_continues).
         parent = pointer.lineage if source == s.run else None
     st = ckstate.read_state(folder)
+    if mode not in ("auto", "never"):  # --resume PATH: a folder behind the store's pointer must not roll it back
+        dist.on_main(lambda: _not_behind(s, st.step))
     # Anytime mode's shorter horizon, kept in the run's own checkpoints while the config names the one it cut; a
     # cooldown branch's first start (from its main run's checkpoint) trains to the branch's own.
     horizon = st.horizon(s.cfg.total_steps) if source == s.run else s.cfg.total_steps
@@ -141,6 +147,12 @@ def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
                    shortened=st.shortened if horizon != s.cfg.total_steps else None)
 
 
+def _not_behind(s: Parts, step: int) -> None:
+    pointer = read_pointer(s.store, s.run)
+    if pointer is not None and step < pointer.step:
+        check_not_behind(s.store, s.run, pointer, step)
+
+
 def _complete_at(s: Parts, pointer: Pointer) -> int:
     """The horizon a complete pointer is measured against: the config's, or the shorter one anytime mode gave
     the run (its state.json, read on rank 0)."""
@@ -152,12 +164,13 @@ def _complete_at(s: Parts, pointer: Pointer) -> int:
 
 def _find_baton(s: Parts, allow_change: frozenset[str]) -> tuple[Pointer | None, Path | None]:
     """Rank 0: the pointer to resume from (after finishing a push a killed session left on this disk, and the
-    pruning one left undone), and the folder a finished push was moved to (None if nothing was pushed)."""
+    pruning one left undone, for a complete run; any other's waits for its pull, below), and the folder a finished
+    push was moved to (None if nothing was pushed)."""
     pointer, finished = read_pointer(s.store, s.run), None
     if pointer is None or not pointer.complete:
         pointer, finished = _finish_interrupted_push(s, pointer, allow_change)
-    if pointer is not None:
-        finish_pruning(s.store, s.run, pointer, s.cfg.store.keep_last)
+    elif pointer.complete:
+        finish_pruning(s.store, s.run, pointer, s.cfg.store.keep_last)  # nothing is pulled for a complete run
     return pointer, finished
 
 

@@ -35,6 +35,9 @@ def _left(store: LocalStore) -> list[int]:
     ([10, 20, 30, 40], 2, 40, None, [10, 20], [30, 40]),
     # The current checkpoint always stays, even when the history does not end with it.
     ([10, 20, 30], 1, 30, (10, 20), [10], [20, 30]),
+    # A pointer naming a checkpoint the store does not hold: the older verified ones are all there is; none goes.
+    ([10, 15], 1, 20, (10, 15, 20), [], [10, 15]),
+    ([10, 15, 30], 1, 25, (10, 15, 25), [], [10, 15, 30]),
 ])
 def test_retention_keeps_the_newest_verified_and_removes_the_rest(tmp_path, steps, keep, current, verified,
                                                                    removed, left):
