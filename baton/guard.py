@@ -23,7 +23,7 @@ import os
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import SplitResult, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from .errors import BatonError, ConfigError
 
@@ -213,7 +213,9 @@ def local_store_root(url: str, key: str = "store.url") -> Path | None:
         shown_url = url if "@" not in url else "file://…"  # never echo what may be credentials
         raise ConfigError(f"{key} {shown(shown_url)} is a file:// URL without an absolute path (what follows "
                           "file:// is read as a host): write file:///absolute/path or a plain path")
-    return path_value(url.removeprefix("file://"), key, f"set {key} to a folder")
+    # A file:// URL's path is percent-encoded (file:///My%20Drive is the folder "My Drive"); a plain path is as typed.
+    path = unquote(url.removeprefix("file://")) if url.startswith("file://") else url
+    return path_value(path, key, f"set {key} to a folder")
 
 
 # The config's keys that name local paths (a list's items each), and those that name a path or a URL.

@@ -37,6 +37,7 @@ from typing import Any
 
 from .. import faults
 from ..errors import Fenced, LeaseHeld, StoreError, WriteConflict
+from ..guard import shown
 from ..runs import split_run
 from .base import Store, Versioned
 
@@ -117,10 +118,14 @@ class LeaseRecord:
             if type(d.get("epoch")) is not int or d["epoch"] < 1:
                 raise ValueError("its epoch is not a whole number >= 1")
             ttl = d.get("ttl_s")
-            if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl <= 0:
-                raise ValueError("its ttl_s is not a positive number")
-            return cls(session=str(d["session"]), host=str(d["host"]), pid=int(d["pid"]), started=str(d["started"]),
-                       epoch=d["epoch"], ttl_s=float(ttl), renewals=int(d.get("renewals", 0)),
+            # store.lease_seconds' own range: NaN, an infinity or a century would hold the run against every start
+            if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= 3600:
+                raise ValueError(f"its ttl_s {shown(ttl, 40)} is not a number of seconds in (0, 3600]")
+            for name in ("pid", "renewals"):
+                if name in d and (type(d[name]) is not int or d[name] < 0):
+                    raise ValueError(f"its {name} {shown(d[name], 40)} is not a whole number >= 0")
+            return cls(session=str(d["session"]), host=str(d["host"]), pid=d["pid"], started=str(d["started"]),
+                       epoch=d["epoch"], ttl_s=float(ttl), renewals=d.get("renewals", 0),
                        renewed=str(d.get("renewed", "")), released=d.get("released") is True,
                        took_over=d.get("took_over") if isinstance(d.get("took_over"), dict) else None,
                        machine=d["machine"] if isinstance(d.get("machine"), str) else None,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import glob
 import hashlib
 import os
 import secrets
@@ -205,10 +206,20 @@ class LocalStore:
             with self._lock:
                 self._written.pop(key, None)
             p.unlink(missing_ok=True)
-            # Tidy empty parent folders up to the root so deleted checkpoints leave no husks.
+            # What a writer killed mid-copy left beside it (its own .partial, which its cleanup never reached): the
+            # key is gone, and so is any claim to finish writing it.
+            for left in p.parent.glob(f"{glob.escape(p.name)}.*.partial") if p.parent.is_dir() else ():
+                left.unlink(missing_ok=True)
+            # Tidy empty parent folders up to the root so deleted checkpoints leave no husks; a folder whose last
+            # listed file went holds no more than such leftovers (of keys never finished), which go with it.
             for parent in p.parents:
-                if parent == self.root or not parent.is_dir() or any(parent.iterdir()):
+                if parent == self.root or not parent.is_dir():
                     break
+                rest = list(parent.iterdir())
+                if any(not (q.is_file() and q.name.endswith(".partial")) for q in rest):
+                    break
+                for q in rest:
+                    q.unlink(missing_ok=True)
                 parent.rmdir()
 
         self._call(delete, f"delete of {key}")

@@ -30,7 +30,7 @@ import botocore.session
 from botocore.config import Config
 
 from ..errors import ConfigError, StoreError, WriteConflict
-from ..guard import split_url
+from ..guard import shown, split_url
 from .base import ObjectInfo, RangeRead, Versioned, decode_text, safe_key, write_download
 from .retry import RetryPolicy, Transient, call
 
@@ -38,7 +38,7 @@ MULTIPART_THRESHOLD = 1 << 30  # single PUTs stop at 5 GiB; parts also make a re
 PART_SIZE = 128 << 20
 META_KEY = "sha256"
 TRANSIENT_CODES = {"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "Throttling",
-                   "ThrottlingException", "RequestTimeTooSkewed", "BadDigest", "XAmzContentSHA256Mismatch",
+                   "ThrottlingException", "BadDigest", "XAmzContentSHA256Mismatch",
                    "IncompleteBody", "OperationAborted"}
 # A conditional write that lost: 412 when the object is not at the named version (or exists, for a create), 409
 # when another conditional write to the key was in progress at the same moment.
@@ -79,6 +79,14 @@ class S3Store:
         self.send_checksum = send_checksum
         self.multipart_threshold = MULTIPART_THRESHOLD
         self.part_size = PART_SIZE
+        try:
+            self._connect(endpoint, region)
+        except (bx.ProfileNotFound, bx.ConfigParseError, bx.ConfigNotFound, bx.InvalidConfigError) as e:
+            # ~/.aws's files and AWS_PROFILE: read when the client is made, so a bad one is said here, in one line.
+            raise StoreError(f"the AWS configuration could not be used ({e}): check AWS_PROFILE, "
+                             "AWS_SHARED_CREDENTIALS_FILE / AWS_CONFIG_FILE and ~/.aws/credentials") from None
+
+    def _connect(self, endpoint: str | None, region: str | None) -> None:
         session = _session()
         region = region or session.region_name or "us-east-1"
         config = Config(
@@ -116,10 +124,12 @@ class S3Store:
         endpoint = query.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         if endpoint:
             ep = split_url(endpoint, "the S3 endpoint", "use http(s)://host:port")
+            # Credentials first, and never echoed: whatever comes before an @ may be a key and its secret.
+            if "@" in endpoint:
+                raise ConfigError("the S3 endpoint must not carry credentials (it holds an '@'; the endpoint is not "
+                                  "shown); use AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or a profile in ~/.aws")
             if ep.scheme not in ("http", "https") or not ep.hostname:
-                raise ConfigError(f"S3 endpoint {endpoint!r} is not an http(s) URL")
-            if ep.username or ep.password:
-                raise ConfigError("the S3 endpoint must not carry credentials; use the AWS environment variables")
+                raise ConfigError(f"S3 endpoint {shown(endpoint)} is not an http(s) URL (use http(s)://host:port)")
         checksum = query.get("checksum", "sha256").lower()
         if checksum not in ("sha256", "on", "1", "true", "off", "0", "false", "none"):
             raise ConfigError(f"store.url checksum={query['checksum']!r}: use checksum=off to stop sending "
@@ -150,6 +160,12 @@ class S3Store:
                 return WriteConflict(f"another writer got there first (HTTP {status} {code})")
             if code in TRANSIENT_CODES or status == 429 or status >= 500:
                 return Transient(f"HTTP {status} {code}".strip())
+            if code == "RequestTimeTooSkewed":
+                # Signed with this machine's clock, which the server finds more than 15 minutes off: every retry
+                # is signed with the same clock (botocore's own correction is a retry, and retrying is ours).
+                return StoreError(f"the S3 server refused the request as signed at the wrong time (HTTP {status} "
+                                  f"{code}): this machine's clock is off by more than 15 minutes; set it right "
+                                  "(NTP: timedatectl set-ntp true, or the VM's time sync), then rerun")
             if code == "NoSuchBucket":
                 return StoreError(f"bucket {self.bucket!r} does not exist (check the bucket name in store.url, "
                                   "the endpoint and the region)")

@@ -55,3 +55,15 @@ def test_retention_is_idempotent_and_reads_only_its_own_run(tmp_path):
     assert apply_retention(store, "run", 1, current=ckpt_path(30), verified=history) == [ckpt_path(10), ckpt_path(20)]
     assert apply_retention(store, "run", 1, current=ckpt_path(30), verified=history) == []
     assert store.read_text("other/ckpt/step-10/state.json") == "{}"
+
+
+def test_a_pruned_folder_takes_what_a_killed_upload_left_beside_its_files(tmp_path):
+    """A writer SIGKILLed mid-copy leaves its .partial file (its cleanup never ran); the local store's listing hides
+    it, and the folder's deletion takes it too instead of leaving a model's worth of bytes behind for good."""
+    store = _store(tmp_path, [10, 20, 30])
+    folder = tmp_path / "store" / "run" / "ckpt" / "step-10"
+    (folder / "model.safetensors.4243-abcdef.partial").write_bytes(b"\0" * 4096)
+    (folder / "optimizer.safetensors.4244-fedcba.partial").write_bytes(b"\0" * 4096)  # of a key never written
+    assert apply_retention(store, "run", 1, current=ckpt_path(30), verified=tuple(ckpt_path(s) for s in (10, 20, 30)))
+    assert not folder.exists()
+    assert _left(store) == [30]

@@ -451,6 +451,22 @@ def test_a_hub_endpoint_with_credentials_or_no_scheme_is_refused(endpoint, expec
     assert "sekrit-pw" not in o.stdout + o.stderr
 
 
+@pytest.mark.parametrize("variable, endpoint", [
+    ("AWS_ENDPOINT_URL", "ftp://AKIAEXAMPLEKEY:wJalrSECRETKEY@minio.internal:9000"),  # a wrong scheme besides
+    ("AWS_ENDPOINT_URL_S3", "AKIAEXAMPLEKEY:wJalrSECRETKEY@minio.internal"),  # no scheme: read as one
+    ("AWS_ENDPOINT_URL", "https://AKIAEXAMPLEKEY:wJalrSECRETKEY@"),  # no host
+])
+def test_an_s3_endpoint_with_credentials_is_refused_and_never_shown(variable, endpoint, monkeypatch, base, tmp_path,
+                                                                    capsys):
+    monkeypatch.setenv(variable, endpoint)
+    o = run_in_process([*TRAIN, *_cfg(B(base, tmp_path)), "--set", "store.url=s3://bucket/runs"], capsys)
+    assert_input_error(o, "the S3 endpoint must not carry credentials (it holds an '@'; the endpoint is not shown)")
+    assert "wJalrSECRETKEY" not in o.stdout + o.stderr
+    for folder in (base, tmp_path):  # the run's logs, a crash log: nothing written holds it either
+        for f in folder.rglob("*"):
+            assert not f.is_file() or b"wJalrSECRETKEY" not in f.read_bytes(), f
+
+
 def test_a_bug_is_exit_1_with_the_log_path_and_no_traceback_on_the_terminal(monkeypatch, tmp_path, capsys):
     from baton import cli
 

@@ -32,3 +32,9 @@ def test_opening_and_verify_data_refuse_it_and_an_absolute_one_opens(tmp_path, m
     assert main(["verify-data", "--dir", "file://rel/x"]) == 2
     assert capsys.readouterr().err.strip() == f"baton: error: {_words('--dir', 'file://rel/x')}"
     assert open_store(f"file://{tmp_path}/rel/x").describe() == open_store(str(tmp_path / "rel" / "x")).describe()
+
+
+def test_a_file_url_is_percent_decoded_and_a_plain_path_is_as_typed(tmp_path):
+    (tmp_path / "My Drive").mkdir()
+    assert open_store(f"file://{tmp_path}/My%20Drive").describe() == open_store(str(tmp_path / "My Drive")).describe()
+    assert open_store(str(tmp_path / "a%20b")).describe().endswith("a%20b")  # a path's own characters

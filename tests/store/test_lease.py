@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from baton.errors import Fenced, LeaseHeld, WriteConflict
+from baton.errors import Fenced, LeaseHeld, StoreError, WriteConflict
 from baton.hashing import sha256_file
 from baton.store import put_files
 from baton.store.hub import HubStore
@@ -173,13 +173,21 @@ def test_a_holder_that_cannot_renew_within_its_lifetime_fences_itself(tmp_path):
     assert lease.renew() is False
 
 
-def test_a_damaged_lease_is_reported_with_the_fix(tmp_path):
+@pytest.mark.parametrize("edit", ["{not json", {"pid": float("inf")}, {"pid": "12"}, {"renewals": float("inf")},
+                                  {"ttl_s": float("nan")}, {"ttl_s": float("inf")}, {"ttl_s": 1e308}, {"ttl_s": 0}])
+def test_a_damaged_lease_is_reported_with_the_fix(tmp_path, edit):
     store = LocalStore(tmp_path)
-    store.write_text("r/lease", "{not json")
-    with pytest.raises(Exception, match=r"the lease r/lease is damaged .*delete it once no session of the run is "
-                                        "running"):
+    if isinstance(edit, str):
+        store.write_text("r/lease", edit)
+    else:  # a lease as a session wrote it, one value edited by hand (json writes NaN and Infinity as such)
         Lease(store, "r", "A", 30.0).acquire()
-    assert LeaseRecord  # the record's own parser is what refused it
+        record = json.loads(store.read_text("r/lease"))
+        store.write_text("r/lease", json.dumps({**record, **edit}))
+    with pytest.raises(StoreError, match=r"the lease r/lease is damaged .*delete it once no session of the run is "
+                                         "running"):
+        Lease(store, "r", "B", 30.0).acquire()
+    with pytest.raises(StoreError, match=r"the lease r/lease is damaged"):
+        LeaseRecord.from_text(store.read_text("r/lease"), "r/lease")
 
 
 def test_on_the_hub_every_commit_names_its_parent_and_a_fenced_sessions_commit_is_refused(make_backend, tmp_path):

@@ -253,3 +253,29 @@ def test_a_server_that_goes_silent_is_timed_out_and_retried_not_waited_on(make_b
     res = push_checkpoint(backend.store, "run", folder, 1, {"n": 1})
     assert stall.hits == 1 and res.verified
     assert json.loads(backend.store.read_text(f"run/{POINTER}"))["step"] == 1
+
+
+def test_a_clock_the_server_finds_skewed_is_said_at_once_not_retried_as_a_dead_store(make_backend, tmp_path):
+    backend = make_backend("s3", RetryPolicy(attempts=5, base=0.5))
+    retried = retry_hook(None, lambda: None)
+    backend.fault("status", status=403, code="RequestTimeTooSkewed")
+    try:
+        with pytest.raises(ResumeError, match=r"this machine.s clock is off by more than 15 minutes; set it right "
+                                             r"\(NTP"):
+            read_pointer(backend.store, "run")
+    finally:
+        logging.getLogger("baton.store.retry").removeHandler(retried)
+    assert not retried.fired
+
+
+@pytest.mark.parametrize("env", [{"AWS_PROFILE": "no-such-profile"},
+                                 {"AWS_SHARED_CREDENTIALS_FILE": "{tmp}/credentials", "AWS_PROFILE": "default"}])
+def test_aws_configuration_that_cannot_be_used_is_one_store_error(env, moto_server, tmp_path, monkeypatch):
+    from baton.store.s3 import S3Store
+
+    (tmp_path / "credentials").write_text("[default\naws_access_key_id = AKIAEXAMPLEKEY\n")  # a broken section header
+    for k, v in env.items():
+        monkeypatch.setenv(k, v.format(tmp=tmp_path))
+    with pytest.raises(StoreError, match=r"the AWS configuration could not be used \(.*\): check AWS_PROFILE") as e:
+        S3Store.from_url(f"s3://bucket/p?endpoint={moto_server.url}")
+    assert "AKIAEXAMPLEKEY" not in str(e.value)

@@ -140,6 +140,7 @@ class Fault:
     match: Callable[[str, str], bool] = lambda method, path: True
     times: int | None = None
     status: int = 503
+    code: str = ""  # status: the S3 error code answered (default: SlowDown for 429, else ServiceUnavailable)
     shift: int = 4096
     slow_seconds_per_mb: float = 0.0
     stall_seconds: float = 60.0  # stall: say nothing this long (or until clear()), then answer normally
@@ -214,7 +215,7 @@ class FaultyProxy(LocalHTTPServer):
             fault.released.wait(fault.stall_seconds)
         if fault is not None and fault.kind == "status":
             payload = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>"
-                       f"{'SlowDown' if fault.status == 429 else 'ServiceUnavailable'}</Code>"
+                       f"{fault.code or ('SlowDown' if fault.status == 429 else 'ServiceUnavailable')}</Code>"
                        f"<Message>injected by the test proxy</Message></Error>").encode()
             seen.status = fault.status
             self._reply(h, fault.status, [("Content-Type", "application/xml")], payload)
