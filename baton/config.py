@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import datetime
 import json
 import math
 import operator
@@ -170,7 +171,7 @@ class DataConfig(_Section):
                                   "in-process)", ge=0)
     decontaminate: list[str] = opt([], "evaluation text files/globs: drop training documents sharing an n-gram "
                                        "with them")
-    decontam_ngram: int = opt(13, "n-gram length in tokens for decontaminate", gt=0)
+    decontam_ngram: int = opt(13, "n-gram length in tokens for decontaminate", gt=0, le=1024)
     url: str = opt("", "where the prepared dataset is published: path, file://, s3:// or hf://datasets/owner/name "
                        "(\"\" = data.dir only); train pulls it into data.dir")
     transfer_workers: int = opt(4, "files uploaded or downloaded at once by publish-data and the pull before "
@@ -189,6 +190,11 @@ class DataConfig(_Section):
                        "hf://owner/name@revision")
         if not self.sources and not self.tokenizer:
             out.append("data.sources is empty (add at least one [[data.sources]] table)")
+        if not self.tokenizer and self.tokenizer_vocab > cfg.model.vocab_size:
+            # Found now, not by train after a prepare of hours (or by the tokenizer trainer running out of memory).
+            out.append(f"data.tokenizer_vocab={self.tokenizer_vocab} exceeds model.vocab_size={cfg.model.vocab_size}: "
+                       "the trained tokenizer's ids would not fit the embedding (lower data.tokenizer_vocab or raise "
+                       "model.vocab_size)")
         out += _url_problems("data.url", self.url, "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (S3) or HF_TOKEN (Hub)")
         if self.url and self.url.rstrip("/") == cfg.store.url.rstrip("/"):
             # The dataset sits at the root of data.url; the checkpoint store's root holds runs.
@@ -269,7 +275,7 @@ class TrainConfig(_Section):
                                      "costs speed")
     device: str = opt("auto", "auto | cpu | cuda | cuda:N (that GPU, in a single process)")
     seed: int = opt(0, "model init and dropout-free RNG seed")
-    threads: int = opt(0, "torch CPU threads (0 = torch's default)", ge=0)
+    threads: int = opt(0, "torch CPU threads (0 = torch's default)", ge=0, le=4096)
     ckpt_every: int = opt(0, "also checkpoint every N steps (0 = only at the end of the session)", ge=0)
     log_every: int = opt(10, "progress/metrics cadence in steps (metrics.jsonl gets every step)", gt=0)
     max_nonfinite: int = opt(5, "consecutive skipped (non-finite) steps before the run stops", gt=0)
@@ -364,7 +370,8 @@ class BudgetConfig(_Section):
     bill_factor: float = opt(0.0, "billed hours per wall-clock hour (0 = one per rank; 1 for a platform that bills "
                                   "the machine)", ge=0)
     quota_hours: float = opt(0.0, "billed hours allowed per quota period (0 = no quota)", ge=0)
-    quota_period_days: float = opt(7.0, "length of a quota period", gt=0)
+    # A minute to a century: shorter or longer periods are typos, and the calendar's dates would overflow.
+    quota_period_days: float = opt(7.0, "length of a quota period", ge=1 / 1440, le=36500)
     quota_reset: str = opt("", "an instant at which the quota resets, recurring every period (e.g. "
                                "2026-09-26T00:00Z)")
     cap_hours: float = opt(0.0, "cap on the billed hours of this run, e.g. a budget for tests (0 = none)", ge=0)
@@ -630,6 +637,9 @@ def _build(cls: type, raw: Any, where: str, problems: list[str]) -> Any:
     return cls(**kwargs)
 
 
+INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
 def _coerce(tp: Any, value: Any, name: str, problems: list[str]) -> Any:
     origin = typing.get_origin(tp)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
@@ -652,6 +662,14 @@ def _coerce(tp: Any, value: Any, name: str, problems: list[str]) -> Any:
             problems.append(f"{name} must be a list, got {type(value).__name__} {value!r}")
             return []
         return [_coerce(item_tp, v, f"{name}[{i}]", problems) for i, v in enumerate(value)]
+    if tp is str and isinstance(value, (datetime.date, datetime.time)):
+        # An unquoted TOML date or time (quota_reset = 2026-09-26T00:00:00Z) arrives parsed: the text it was is
+        # what the field holds.
+        return value.isoformat()
+    if tp is int and isinstance(value, int) and not isinstance(value, bool) and not INT64[0] <= value <= INT64[1]:
+        # Every whole number here ends up in a 64-bit one (torch's seeds, numpy's arrays, file offsets).
+        problems.append(f"{name} = {value} does not fit a 64-bit integer ({INT64[0]} to {INT64[1]})")
+        return None
     ok = {
         bool: isinstance(value, bool),
         # bool is an int subclass in Python; `steps = true` is a mistake, not 1.

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 
@@ -102,3 +103,36 @@ def test_the_reference_shows_choices_and_bounds_from_the_types_and_metadata():
     assert rows["optim.beta1"][0] == "float, in [0, 1)" and rows["optim.muon_ns_steps"][0] == "int, in [1, 99]"
     assert rows["data.sources[].weight"][0] == "float, > 0"
     assert len(rows) == len(FIELDS)
+
+
+INT_FIELDS = [f"{where}.{f.name}" for where, f, tp in FIELDS if tp is int]
+
+
+@pytest.mark.parametrize("key", INT_FIELDS)
+def test_a_whole_number_past_64_bits_is_refused_by_name(key, tmp_path):
+    """Every int ends in a 64-bit one (torch's seeds, numpy's arrays): one that does not fit is the config's error,
+    not an OverflowError after the lease and the ledger were written."""
+    from baton.config import load_config
+
+    section, name = key.rsplit(".", 1)
+    table = "[[data.sources]]" if section == "data.sources[0]" else f"[{section}]"
+    for value in (1 << 64, -(1 << 63) - 1):
+        (tmp_path / "c.toml").write_text(f"{table}\n{name} = {value}\n")
+        with pytest.raises(ConfigError, match=re.escape(f"{key} = {value} does not fit a 64-bit integer")):
+            load_config(tmp_path / "c.toml")
+
+
+def test_an_unquoted_toml_datetime_is_the_text_it_was(tmp_path):
+    from baton.config import load_config
+
+    (tmp_path / "c.toml").write_text("[budget]\nquota_hours = 5\nquota_reset = 2026-09-26T00:00:00Z\n")
+    assert load_config(tmp_path / "c.toml").budget.quota_reset == "2026-09-26T00:00:00+00:00"
+
+
+def test_a_tokenizer_baton_would_train_larger_than_the_embedding_is_refused_before_prepare():
+    from baton.config import load_config
+
+    with pytest.raises(ConfigError, match=r"data.tokenizer_vocab=1024 exceeds model.vocab_size=512: the trained "
+                                          r"tokenizer's ids would not fit the embedding"):
+        load_config(None, ["data.tokenizer_vocab=1024", "model.vocab_size=512"])
+    load_config(None, ["data.tokenizer_vocab=1024", "model.vocab_size=512", "data.tokenizer=tok.json"])  # its own

@@ -449,16 +449,27 @@ def cmd_bench(args) -> int:
     return run_bench(args, _load(args))
 
 
+def _config_if_given(args):
+    """The config of a command that plans with flags alone when there is none. --set then has nothing to change,
+    and ignoring it would plan without what it said (a quota, a cap): refused."""
+    if args.config:
+        return _load(args)
+    if args.overrides:
+        raise BatonError(f"--set {args.overrides[0]} needs --config: without one, {args.command} takes its inputs from "
+                         f"its flags (see `baton {args.command} --help`)")
+    return None
+
+
 def cmd_plan(args) -> int:
     from .plan import run_plan
 
-    return run_plan(args, _load(args) if args.config else None)
+    return run_plan(args, _config_if_given(args))
 
 
 def cmd_simulate(args) -> int:
     from .simulate import run_simulate
 
-    return run_simulate(args, _load(args) if args.config else None)
+    return run_simulate(args, _config_if_given(args))
 
 
 def cmd_ledger(args) -> int:
@@ -494,7 +505,16 @@ def cmd_preflight(args) -> int:
 
     if args.store:
         local_store_root(args.store, "--store")
-    out = output_dir(args.out, "--out", _load(args), args.force)
+    cfg = _load(args)
+    if args.resume_overrides:  # checked now, not found by the resume legs after the stages before them ran
+        from ..config import load_config
+        from ..errors import ConfigError
+
+        try:
+            load_config(args.config, [*args.overrides, *args.resume_overrides])
+        except ConfigError as e:
+            raise ConfigError(f"--resume-set: {e}") from None
+    out = output_dir(args.out, "--out", cfg, args.force)
     doc = run_preflight(args.config, out, parse_stages(args.stages), args.scale, args.overrides,
                         args.store, args.leg_steps, args.session_hours, args.keep_work, args.resume_overrides)
     for row in doc["scorecard"]:

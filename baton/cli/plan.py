@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from ..config import Config
 from ..errors import BatonError
 from ..guard import count
-from ..planning.plan import iso_by, parse_count, plan
+from ..planning.plan import iso_by, parse_count, parse_rate, plan
 from ..planning.tripwires import apply_tripwires, evaluate_tripwires, parse_tripwire
 from ..views.plan import format_plan, plan_input, plan_options
 
@@ -169,9 +169,7 @@ def run_plan(args, cfg: Config | None) -> int:
     wires = [parse_tripwire(t) for t in texts]
     measured, msrc = None, ""
     if args.measured_rate:
-        measured, msrc = float(parse_count(args.measured_rate, "--measured-rate")), "given"
-        if measured <= 0:
-            raise BatonError(f"--measured-rate {args.measured_rate!r} must be > 0 tok/s: the rate a session measured")
+        measured, msrc = parse_rate(args.measured_rate, "--measured-rate"), "given"
     elif wires:
         measured, msrc = L.measured_rate(records)
     # Without a config the run's ranks are --ranks, default 1, as for the bill factor: with --seq-len that is

@@ -16,7 +16,8 @@ def run_ledger(args, cfg: Config) -> int:
     store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
     from ..config import run_name_problems
 
-    runs = args.run or [cfg.run.name, *L.branch_runs(store, cfg.run.name)]  # its cooldown branches bill it too
+    # its cooldown branches bill it too; a run named twice is one run, billed once
+    runs = list(dict.fromkeys(args.run)) if args.run else [cfg.run.name, *L.branch_runs(store, cfg.run.name)]
     problems = [p for run in runs for p in run_name_problems(run, "--run")]
     if problems:
         raise BatonError(problems[0])

@@ -34,7 +34,12 @@ MAX_SESSIONS = 100_000
 
 
 def parse_hours(text: str | float, what: str = "duration") -> float:
-    """'9h', '90m', '45s', '1h30m', a bare number of hours, or a SLURM time limit ('2-00:00:00', '1:30:00') -> hours."""
+    """'9h', '90m', '45s', '1h30m', a bare number of hours, or a SLURM time limit ('2-00:00:00', '1:30:00') -> hours,
+    at most a century."""
+    return _hours_bound(_parse_hours(text, what), text, what)
+
+
+def _parse_hours(text: str | float, what: str) -> float:
     if isinstance(text, (int, float)):
         return _finite(float(text), text, what)
     s = text.strip().lower()
@@ -82,6 +87,15 @@ def _finite(value: float, text: object, what: str) -> float:
     return value
 
 
+MAX_HOURS = 100 * 365 * 24  # a century: any longer duration is a typo, and the calendar's dates would overflow
+
+
+def _hours_bound(value: float, text: object, what: str) -> float:
+    if value > MAX_HOURS:
+        raise BatonError(f"{what} {text!r} is longer than a century")
+    return value
+
+
 def parse_margin(text: str, session_hours: float) -> float:
     """'30%' of the session, or a duration -> hours."""
     s = text.strip()
@@ -96,17 +110,40 @@ def parse_margin(text: str, session_hours: float) -> float:
     return parse_hours(s, "margin")
 
 
-def parse_count(text: str | int | float, what: str) -> int:
-    """'1e9', '0.9B', '900M', '262,144' -> int."""
+MAX_COUNT = 1e18  # tokens, steps: far past any run, and still exact in a 64-bit integer
+
+
+def parse_number(text: str | int | float, what: str) -> float:
+    """'1e9', '0.9B', '900M', '262,144', '2.5k' -> a finite number >= 0 (a rate keeps its fraction)."""
     if isinstance(text, (int, float)):
-        return int(_finite(float(text), text, what))
-    s = text.strip().replace(",", "").replace("_", "")
-    mult = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}.get(s[-1:].lower())
-    try:
-        value = float(s[:-1]) * mult if mult else float(s)
-    except ValueError:
-        raise BatonError(f"{what} {text!r} is not a number (examples: 1e9, 0.9B, 900M, 262144)") from None
-    return int(round(_finite(value, text, what)))
+        value = _finite(float(text), text, what)
+    else:
+        s = text.strip().replace(",", "").replace("_", "")
+        mult = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}.get(s[-1:].lower())
+        try:
+            value = float(s[:-1]) * mult if mult else float(s)
+        except ValueError:
+            raise BatonError(f"{what} {text!r} is not a number (examples: 1e9, 0.9B, 900M, 262144)") from None
+        value = _finite(value, text, what)
+    if value > MAX_COUNT:
+        raise BatonError(f"{what} {text!r} is beyond any run (at most {MAX_COUNT:.0e})")
+    return value
+
+
+def parse_count(text: str | int | float, what: str) -> int:
+    """'1e9', '0.9B', '900M', '262,144' -> a whole number: a count with a fraction is a typo, not rounded."""
+    value = parse_number(text, what)
+    if abs(value - round(value)) > 1e-9 * max(1.0, value):
+        raise BatonError(f"{what} {text!r} is not a whole number")
+    return int(round(value))
+
+
+def parse_rate(text: str | int | float, what: str) -> float:
+    """Tokens per second, > 0; a fraction is kept (a slow CPU run measures 0.4 tok/s)."""
+    value = parse_number(text, what)
+    if value <= 0:
+        raise BatonError(f"{what} {text!r} must be > 0 tokens/s")
+    return value
 
 
 def parse_instant(text: str, what: str = "time") -> datetime:
@@ -115,6 +152,8 @@ def parse_instant(text: str, what: str = "time") -> datetime:
         t = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
         raise BatonError(f"{what} {text!r} is not an ISO 8601 time (example: 2026-09-26T00:00Z)") from None
+    if not 1970 <= t.year <= 9000:  # a plan's calendar adds sessions, gaps and periods to it: room before 9999
+        raise BatonError(f"{what} {text!r} is outside the years 1970 to 9000")
     return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 

@@ -71,6 +71,13 @@ class Outages:
                 raise BatonError(f"the {name} must be a finite number >= 0, got {v!r}")
         if self.rate_per_hour > 0 and self.minutes <= 0:
             raise BatonError("store outages need a length: --outage-minutes M (> 0)")
+        # Beyond these an outage is no longer a store's hiccup but the run stopping; the draws grow with both.
+        if self.minutes > 7 * 24 * 60:
+            raise BatonError(f"an outage of {self.minutes:g} minutes is longer than a week: simulate that as the run "
+                             "stopping (a later --start), not as an outage")
+        if self.rate_per_hour > 60:
+            raise BatonError(f"{self.rate_per_hour:g} outages an hour is more than one a minute: give the rate per "
+                             "hour (e.g. 0.05 for one in 20 hours)")
 
 
 @dataclass

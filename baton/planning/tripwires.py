@@ -54,6 +54,8 @@ def parse_tripwire(text: str) -> Tripwire:
         if not eq or name is None:
             raise BatonError(f"tripwire {text!r}: {item!r} is not one of target=, steps=, micro=, accum=")
         kwargs[name] = parse_count(value, f"tripwire {name}")
+    if "target_tokens" in kwargs and "steps" in kwargs:
+        raise BatonError(f"tripwire {text!r}: a horizon is target= or steps=, not both (train takes exactly one)")
     if "accum" in kwargs and "micro_batch" not in kwargs:
         raise BatonError(f"tripwire {text!r}: accum= needs micro= (accumulation follows from the micro-batch)")
     if any(v <= 0 for v in kwargs.values()):
@@ -89,7 +91,10 @@ def evaluate_tripwires(wires: list[Tripwire], measured_rate: float, tokens_per_s
         if w.target_tokens is not None:
             overrides.append(f"train.target_tokens={w.target_tokens}")
             overrides.append("train.steps=0")
-            if total_steps is not None and w.target_tokens // tokens_per_step >= total_steps:
+            if w.target_tokens < tokens_per_step:
+                problems.append(f"a target of {w.target_tokens:,} tokens is less than one step of "
+                                f"{tokens_per_step:,} tokens")
+            elif total_steps is not None and w.target_tokens // tokens_per_step >= total_steps:
                 problems.append(f"a target of {w.target_tokens:,} tokens is {w.target_tokens // tokens_per_step:,} "
                                 f"steps, not below the planned {total_steps:,}: it cuts nothing")
         if w.steps is not None:
@@ -98,6 +103,10 @@ def evaluate_tripwires(wires: list[Tripwire], measured_rate: float, tokens_per_s
                 problems.append(f"{w.steps:,} steps is not below the planned {total_steps:,}: it cuts nothing")
         if w.micro_batch is not None:
             overrides.append(f"train.micro_batch={w.micro_batch}")
+            if w.accum is None and global_batch is not None and global_batch % (w.micro_batch * (ranks or 1)):
+                # Accumulation follows from the micro-batch: it must divide each rank's share of the global batch.
+                problems.append(f"micro {w.micro_batch} x {ranks or 1} rank(s) does not divide the global batch of "
+                                f"{global_batch} samples")
             if w.accum is not None:
                 if global_batch is not None:
                     if global_batch % (w.micro_batch * w.accum):

@@ -42,6 +42,8 @@ def parse_stages(text: str | None) -> list[str]:
         return list(STAGES)
     chosen = [s.strip().replace("-", "_") for s in text.split(",") if s.strip()]
     unknown = [s for s in chosen if s not in RUNNERS]
+    if not chosen:
+        raise BatonError(f"--stages {text!r} names no stage (choose from {', '.join(STAGES)}, or leave it out for all)")
     if unknown:
         raise BatonError(f"unknown preflight stage(s) {', '.join(unknown)} (choose from {', '.join(STAGES)})")
     return [s for s in STAGES if s in chosen]  # always in the cheap-first order

@@ -64,6 +64,14 @@ class LaunchSpec:
             problems.append(f"--nproc must be a whole number >= 1, got {self.nproc}")
         if not re.fullmatch(r"\d+(:\d+)?", self.nnodes):
             problems.append(f"--nnodes must be N or MIN:MAX, got {self.nnodes!r}")
+        else:
+            low, _, high = self.nnodes.partition(":")
+            lo, hi = int(low), int(high or low)
+            if not 1 <= lo <= hi:
+                problems.append(f"--nnodes {self.nnodes}: nodes must be at least 1, and MIN at most MAX")
+            elif self.node_rank is not None and not 0 <= self.node_rank < hi:
+                problems.append(f"--node-rank {self.node_rank} is not a node of --nnodes {self.nnodes} (0 to {hi - 1}): "
+                                "the job would wait for a node that never comes")
         if self.rdzv_endpoint and self.master_addr:
             problems.append("give either --rdzv-endpoint (c10d rendezvous) or --master-addr (static), not both")
         if self.multi_node and not (self.rdzv_endpoint or self.master_addr):

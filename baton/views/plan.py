@@ -12,7 +12,17 @@ from ..config import Config
 from ..errors import BatonError
 from ..guard import count, finite_float
 from ..planning import ledger as L
-from ..planning.plan import HOUR, PlanInput, iso, iso_by, parse_count, parse_hours, parse_instant, parse_margin
+from ..planning.plan import (
+    HOUR,
+    PlanInput,
+    iso,
+    iso_by,
+    parse_count,
+    parse_hours,
+    parse_instant,
+    parse_margin,
+    parse_rate,
+)
 
 
 def plan_options(p) -> None:
@@ -42,7 +52,8 @@ def plan_options(p) -> None:
     g = p.add_argument_group("quota and calendar (default: the config's [budget] and the ledger)")
     g.add_argument("--quota-hours", default=None, metavar="H", help="billed hours per period, e.g. 30")
     g.add_argument("--quota-reset", default=None, metavar="TIME", help="an instant the quota resets at")
-    g.add_argument("--quota-period-days", type=finite_float(0.0, lo_open=True), default=None)
+    g.add_argument("--quota-period-days", type=finite_float(1 / 1440), default=None,
+                   help="length of a quota period, a minute to a century (default: budget.quota_period_days, or 7)")
     g.add_argument("--used-hours", default=None, metavar="H", help="billed in this period already")
     g.add_argument("--cap-hours", default=None, metavar="H", help="a cap on the run's billed hours")
     g.add_argument("--bill-factor", type=finite_float(0.0, lo_open=True), default=None,
@@ -85,17 +96,25 @@ def plan_input(args, cfg: Config | None) -> tuple[PlanInput, dict[str, str], lis
     if not tps:
         raise BatonError("plan needs --tokens-per-step (or --config)")
     target = 0
+    if args.steps and args.target_tokens:
+        raise BatonError("give the horizon once: --steps or --target-tokens, not both")
+    if args.rate and args.rate_from:
+        raise BatonError("give the rate once: --rate or --rate-from, not both")
     if args.steps:
         total = parse_count(args.steps, "--steps")
     elif args.target_tokens:
         target = parse_count(args.target_tokens, "--target-tokens")
         total = target // tps
+    elif cfg and cfg.train.target_tokens:
+        # The config's target in this plan's tokens per step (which --tokens-per-step may change), as train counts.
+        target = cfg.train.target_tokens
+        total = target // tps
     elif cfg:
-        total, target = cfg.total_steps, cfg.train.target_tokens
+        total = cfg.total_steps
     else:
         raise BatonError("plan needs --target-tokens or --steps (or --config)")
     if args.rate:
-        rate, src["rate"] = float(parse_count(args.rate, "--rate")), "given"
+        rate, src["rate"] = parse_rate(args.rate, "--rate"), "given"
     elif args.rate_from:
         from ..bench import rate_from_json
         from ..guard import input_path
@@ -124,6 +143,8 @@ def plan_input(args, cfg: Config | None) -> tuple[PlanInput, dict[str, str], lis
     reset = parse_instant(args.quota_reset, "--quota-reset") if args.quota_reset else (
         parse_instant(b.quota_reset) if b and b.quota_reset else None)
     period_days = args.quota_period_days or (b.quota_period_days if b else 7.0)
+    if period_days > 36500:
+        raise BatonError(f"--quota-period-days {args.quota_period_days} is longer than a century")
     start = parse_instant(args.start, "--start") if args.start else datetime.now(timezone.utc)
     if qh:
         from ..planning.plan import Quota
@@ -159,8 +180,9 @@ def plan_input(args, cfg: Config | None) -> tuple[PlanInput, dict[str, str], lis
         start_step=start_step, target_tokens=target, quota_hours=qh, quota_period_hours=period_days * 24,
         quota_reset=reset, used_hours=used, cap_left_hours=cap_left,
         # Billed like the ledger: budget.bill_factor, else one per rank (the last session's, or --ranks).
-        bill_factor=args.bill_factor or (b.bill_factor if b and b.bill_factor else 0.0)
-        or (records[-1].bill_factor if records else 0.0) or float(args.ranks or 1),
+        # --ranks, given, is the run to come: it wins over what the last session was billed at.
+        bill_factor=args.bill_factor or (b.bill_factor if b and b.bill_factor else 0.0) or float(args.ranks or 0)
+        or (records[-1].bill_factor if records else 0.0) or 1.0,
         gap_hours=parse_hours(args.gap, "--gap"), start=start,
         deadline=parse_instant(args.deadline, "--deadline") if args.deadline else None)
     return inp, src, records

@@ -71,6 +71,9 @@ def read_trace(path: str) -> list[float]:
 def interruptions(args, records: list[LedgerRecord], session_hours: float, src: dict[str, str]) -> Interruptions:
     if args.trace is not None and args.interrupt_rate is not None:
         raise BatonError("give --interrupt-rate or --trace, not both")
+    if args.trace == "ledger" and not args.config:
+        raise BatonError("--trace ledger reads the run's ledger in its store: give --config (or --trace FILE, or "
+                         "--interrupt-rate)")
     if args.trace == "ledger":
         seen = observe(records)
         if not seen.lifetimes_hours:

@@ -255,14 +255,31 @@ def test_edge_inputs_are_one_line_errors_naming_the_fix(capsys, tmp_path, monkey
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     base = ["plan", "--tokens-per-step", "1000", "--rate", "100", "--session-hours", "2"]
     for extra, expect in [
-        (["--steps", "1e30"], "more than 100,000"),
+        (["--steps", "1e30"], "is beyond any run (at most 1e+18)"),
         (["--steps", "1e9", "--quota-hours", "0.5"], "more than 100,000"),
         (["--steps", "100", "--bill-factor", "0"], "--bill-factor: must be > 0"),
         (["--steps", "100", "--session-hours", "0"], "--session-hours must be > 0, got '0'"),
         (["--steps", "100", "--tripwire", "0: target=1B", "--measured-rate", "50"], "rate must be > 0"),
         (["--steps", "100", "--tripwire", "200: steps=50", "--measured-rate", "0"], "--measured-rate '0' must be > 0"),
+        (["--steps", "2.5"], "--steps '2.5' is not a whole number"),
+        (["--steps", "100", "--target-tokens", "1e9"], "give the horizon once: --steps or --target-tokens, not both"),
+        (["--steps", "100", "--rate-from", "x.json"], "give the rate once: --rate or --rate-from, not both"),
+        (["--steps", "100", "--quota-hours", "5", "--quota-period-days", "1e-12"],
+         "--quota-period-days: must be >= 0.000694444"),
+        (["--steps", "100", "--quota-hours", "5", "--quota-period-days", "1e9"], "is longer than a century"),
+        (["--steps", "100", "--start", "9999-12-31T00:00Z"], "is outside the years 1970 to 9000"),
+        (["--steps", "100", "--start", "0001-01-01T00:00+05:00"], "is outside the years 1970 to 9000"),
+        (["--steps", "100", "--gap", "1e9"], "--gap '1e9' is longer than a century"),
+        (["--steps", "100", "--set", "budget.quota_hours=5"], "--set budget.quota_hours=5 needs --config"),
+        (["--steps", "100", "--tripwire", "200: steps=50, target=1000", "--measured-rate", "50"],
+         "a horizon is target= or steps=, not both"),
+        (["--steps", "100", "--tripwire", "200: micro=2.6", "--measured-rate", "50"], "is not a whole number"),
     ]:
         assert_input_error(run_in_process(base + extra, capsys), expect)
+    # A rate keeps its fraction: a slow machine's 0.4 tok/s is a rate, not "must be > 0".
+    plan_json = run_in_process(["plan", "--tokens-per-step", "10", "--rate", "0.4", "--session-hours", "2",
+                                "--steps", "3", "--json"], capsys)
+    assert plan_json.status == 0 and json.loads(plan_json.stdout)["rate_tokens_per_s"] == 0.4
 
 
 def test_a_session_after_a_spent_quota_says_it_waits_for_the_reset():
@@ -275,6 +292,15 @@ def test_a_session_after_a_spent_quota_says_it_waits_for_the_reset():
     assert [(s.start, s.stop_after_steps) for s in over.sessions] == [(s.start, s.stop_after_steps) for s in p.sessions]
     assert over.warnings == ["31.50 h used is more than the quota of 30 h: the plan starts at the next reset, "
                              "2026-09-27T06:00Z"]
+
+
+def test_a_micro_batch_switch_or_a_cut_that_train_would_refuse_is_a_problem_not_an_override():
+    r = evaluate_tripwires([parse_tripwire("1000: micro=3"), parse_tripwire("1000: target=100")], 500, 256,
+                           global_batch=8, seq_len=32, ranks=1, total_steps=100)
+    assert r[0].problem == "micro 3 x 1 rank(s) does not divide the global batch of 8 samples"
+    assert r[1].problem == "a target of 100 tokens is less than one step of 256 tokens"
+    ok = evaluate_tripwires([parse_tripwire("1000: micro=2")], 500, 256, global_batch=8, seq_len=32, ranks=2)
+    assert ok[0].problem == "" and ok[0].overrides == ["train.micro_batch=2"]
 
 
 def test_tripwires_that_cannot_do_what_they_say_are_named_and_not_applied():

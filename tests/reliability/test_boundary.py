@@ -148,7 +148,7 @@ CASES: list[tuple[str, Callable[[B], list[str]], tuple[str, ...]]] = [
     ("flag-plan-start-step", lambda c: ["plan", "--start-step", "-4"], ("--start-step: must be >= 0",)),
     ("flag-plan-ckpt-every", lambda c: ["plan", "--ckpt-every", "-1"], ("--ckpt-every: must be >= 0",)),
     ("flag-plan-bill-nan", lambda c: ["plan", "--bill-factor", "nan"], ("not a finite number",)),
-    ("flag-plan-period-0", lambda c: ["plan", "--quota-period-days", "0"], ("must be > 0",)),
+    ("flag-plan-period-0", lambda c: ["plan", "--quota-period-days", "0"], ("--quota-period-days: must be >= 0.000694444, got 0",)),
     ("flag-plan-seq-len", lambda c: ["plan", "--seq-len", "0"], ("--seq-len: must be >= 1",)),
     ("flag-plan-rate-nan", lambda c: ["plan", "--steps", "10", "--tokens-per-step", "5", "--rate", "nan"],
      ("--rate", "must be a finite number")),

@@ -1,0 +1,80 @@
+"""Flags that contradict themselves or the config, each found where it enters: one `baton: error:` line, and the
+numbers a plan prints are the ones its inputs mean."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from support.boundary import assert_input_error, run_in_process
+
+
+@pytest.fixture(autouse=True)
+def crash_logs(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def _plan(capsys, *argv: str) -> dict:
+    o = run_in_process(["plan", *argv, "--json"], capsys)
+    assert o.status == 0, o.stderr
+    return json.loads(o.stdout)
+
+
+def test_the_configs_target_is_counted_in_the_plans_tokens_per_step(make_config, capsys):
+    cfg = str(make_config())
+    target = ["--set", "train.steps=0", "--set", "train.target_tokens=1000000"]
+    own = _plan(capsys, "-c", cfg, *target, "--rate", "10000", "--session-hours", "9")
+    assert own["total_steps"] == 1_000_000 // 256 and own["target_tokens"] == 1_000_000  # 8 x 32 tokens a step
+    wider = _plan(capsys, "-c", cfg, *target, "--tokens-per-step", "2560", "--rate", "10000", "--session-hours", "9")
+    assert wider["total_steps"] == 1_000_000 // 2560 and wider["horizon_tokens"] <= 1_000_000
+
+
+def test_ranks_given_bill_the_run_to_come_not_the_last_session(make_config, baton_cli, capsys):
+    cfg = str(make_config())
+    assert baton_cli("train", "-c", cfg, "--stop-after-steps", "2", "--no-progress").returncode == 0
+    common = ["-c", cfg, "--start-step", "0", "--steps", "1000", "--rate", "100", "--session-hours", "9"]
+    one = _plan(capsys, *common)
+    four = _plan(capsys, *common, "--ranks", "4")
+    assert four["billed_hours"] == pytest.approx(4 * one["billed_hours"], rel=1e-3)
+    assert four["wall_hours"] == one["wall_hours"]
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["--nnodes", "0", "--rdzv-endpoint", "localhost:29555"], "--nnodes 0: nodes must be at least 1"),
+    (["--nnodes", "2:1", "--rdzv-endpoint", "localhost:29556"], "--nnodes 2:1: nodes must be at least 1, and MIN at "
+                                                                 "most MAX"),
+    (["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", "29611", "--node-rank", "5"],
+     "--node-rank 5 is not a node of --nnodes 2 (0 to 1)"),
+])
+def test_node_geometry_that_cannot_meet_is_refused_before_any_launch(argv, expect, make_config, capsys):
+    assert_input_error(run_in_process(["train", "-c", str(make_config()), *argv], capsys), expect)
+
+
+def test_preflight_checks_its_flags_before_the_first_stage(make_config, tmp_path, capsys):
+    cfg = str(make_config())
+    o = run_in_process(["preflight", "-c", cfg, "--out", str(tmp_path / "pf"), "--resume-set", "model.hiden=3"],
+                       capsys)
+    assert_input_error(o, "--resume-set: invalid config: --set model.hiden")
+    assert not (tmp_path / "pf").exists()
+    assert_input_error(run_in_process(["preflight", "-c", cfg, "--out", str(tmp_path / "pf"), "--stages", ","],
+                                      capsys), "--stages ',' names no stage")
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["--outage-rate", "1", "--outage-minutes", "1e6"], "longer than a week"),
+    (["--outage-rate", "1e6", "--outage-minutes", "10"], "more than one a minute"),
+    (["--trace", "ledger"], "--trace ledger reads the run's ledger in its store: give --config"),
+])
+def test_simulate_inputs_beyond_what_it_can_draw_are_one_line(argv, expect, capsys):
+    base = ["simulate", "--target-tokens", "1e8", "--tokens-per-step", "262144", "--session-hours", "9", "--rate",
+            "9696", "--ckpt-seconds", "16.5", "--runs", "20"]
+    assert_input_error(run_in_process([*base, *argv], capsys), expect)
+
+
+def test_a_run_named_twice_is_billed_once(make_config, baton_cli, capsys):
+    cfg = str(make_config())
+    assert baton_cli("train", "-c", cfg, "--stop-after-steps", "2", "--no-progress").returncode == 0
+    once = run_in_process(["ledger", "-c", cfg, "--run", "test"], capsys)
+    twice = run_in_process(["ledger", "-c", cfg, "--run", "test", "--run", "test"], capsys)
+    assert once.status == twice.status == 0 and "over 1 sessions" in once.stdout and once.stdout == twice.stdout
