@@ -19,7 +19,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -92,8 +92,14 @@ class ModelConfig(_Section):
             return []  # said by the bounds, and the divisions below need them
         out = []
         if self.hidden % self.n_heads:
-            out.append(f"model.hidden={self.hidden} is not divisible by model.n_heads={self.n_heads} (pick n_heads "
-                       f"among the divisors of hidden, e.g. {_divisors_near(self.hidden, self.n_heads)})")
+            # Suggestions that pass the other rules too: an even head dim (RoPE) and a multiple of n_kv_heads (GQA).
+            fits = _divisors_near(self.hidden, self.n_heads, lambda x: (self.hidden // x) % 2 == 0
+                                  and x % self.n_kv_heads == 0)
+            step = 2 * self.n_kv_heads * self.n_heads  # a hidden this divides keeps n_heads and both rules
+            near = f"pick n_heads among the divisors of hidden, e.g. {fits}" if fits else (
+                f"no n_heads near it divides hidden into even head dims in groups of n_kv_heads={self.n_kv_heads}: "
+                f"change hidden, e.g. to {max(step, self.hidden // step * step)}")
+            out.append(f"model.hidden={self.hidden} is not divisible by model.n_heads={self.n_heads} ({near})")
         elif (self.hidden // self.n_heads) % 2:
             out.append(f"head dim hidden/n_heads = {self.hidden // self.n_heads} must be even for RoPE")
         if self.n_heads % self.n_kv_heads:
@@ -836,16 +842,16 @@ def _url_problems(key: str, url: str, env: str) -> list[str]:
     return []
 
 
-def _divisors_near(n: int, k: int) -> str:
-    # The three divisors nearest k, searched outward from k and bounded: a huge (mistyped) n must not make
-    # validation hang.
+def _divisors_near(n: int, k: int, ok: Callable[[int], bool] = lambda x: True) -> str:
+    # The three divisors nearest k that ``ok`` takes, searched outward from k and bounded: a huge (mistyped) n
+    # must not make validation hang.
     found: list[int] = []
     k = min(k, n)
     for d in range(4096):
         for x in (k - d, k + d) if d else (k,):
-            if 1 <= x <= n and n % x == 0 and len(found) < 3:
+            if 1 <= x <= n and n % x == 0 and ok(x) and len(found) < 3:
                 found.append(x)
-    return ", ".join(str(x) for x in sorted(found or [1]))
+    return ", ".join(str(x) for x in sorted(found))
 
 
 def reference_table() -> list[tuple[str, str, str, str]]:

@@ -90,8 +90,12 @@ def test_problems_come_in_field_order_then_the_cross_field_rules():
     assert lines == ["  - model.attn='x' is not one of auto, eager, sdpa, flash_attention_2",
                      "  - optim.lr must be > 0, got -1.0",
                      "  - train.log_every must be > 0, got 0",
-                     "  - model.hidden=102 is not divisible by model.n_heads=4 (pick n_heads among the divisors of "
-                     "hidden, e.g. 2, 3, 6)"]
+                     "  - model.hidden=102 is not divisible by model.n_heads=4 (no n_heads near it divides hidden "
+                     "into even head dims in groups of n_kv_heads=2: change hidden, e.g. to 96)"]
+    # Each suggestion passes the other rules too: hidden 100 over 3 heads, one KV head: 4 would give head dim 25.
+    cfg = Config()
+    cfg.model.hidden, cfg.model.n_heads, cfg.model.n_kv_heads = 100, 3, 1
+    assert "e.g. 1, 2, 5)" in _problems(cfg)
 
 
 def test_the_reference_shows_choices_and_bounds_from_the_types_and_metadata():

@@ -78,6 +78,7 @@ def checkpoint_model(cfg, source: str, tmp: Path, step: int | None = None) -> tu
     """The model of a verified checkpoint in the store (``source='store'``; ``step`` None: the pointer's) or of a
     local checkpoint folder, on the CPU, with the checkpoint's state."""
     from ..checkpoint.history import locate
+    from ..checkpoint.names import STATE_FILE
     from ..checkpoint.pull import pull_checkpoint
     from ..checkpoint.record import read_state
     from ..checkpoint.state import load_weights
@@ -96,6 +97,9 @@ def checkpoint_model(cfg, source: str, tmp: Path, step: int | None = None) -> tu
         folder = path_value(source, "--from", "use 'store' or a folder")
         if not folder.is_dir():
             raise BatonError(f"--from {shown(source)}: no such checkpoint folder (use 'store' or a folder)")
+        if not (folder / STATE_FILE).is_file():  # said for --from, not with a training session's fixes
+            raise BatonError(f"--from {shown(source)} holds no {STATE_FILE}: not a baton checkpoint folder (give a "
+                             "checkpoint folder, runs/<name>/ckpt/step-N or one downloaded from the store, or 'store')")
     state = read_state(folder)
     if step is not None and state.step != step:
         raise BatonError(f"the checkpoint at step {step} holds the state of step {state.step}: the store is damaged")

@@ -206,7 +206,7 @@ class Checkpointer:
             return f"the pointer still names the verified checkpoint at step {self.parent.step}"
         if self.no_pointer:
             return "the store holds no verified checkpoint of this run yet (no pointer was written)"
-        # --resume PATH: the store's pointer was never read, and this failure did not move it.
+        # --resume PATH: the store's pointer was not resumed from, and this failure did not move it.
         return "the store's pointer was not moved"
 
     def close(self) -> None:

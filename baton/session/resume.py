@@ -46,7 +46,8 @@ class Resumed:
     stats: Stats = field(default_factory=Stats)
     parent: Lineage | None = None  # the lineage of the verified checkpoint resumed from
     complete: Pointer | None = None  # the pointer of a run already complete: nothing to train
-    no_pointer: bool = False  # the store was read and holds no pointer of this run (--resume PATH does not read it)
+    no_pointer: bool = False  # the store was read and holds no pointer of this run (--resume PATH reads it only to
+    # check the folder is not behind it)
     total_steps: int | None = None  # the horizon it trains to (None: the config's); anytime mode's shorter one
     shortened: Shortened | None = None  # the checkpoint's record of that shortening
 

@@ -234,6 +234,9 @@ CASES: list[tuple[str, Callable[[B], list[str]], tuple[str, ...]]] = [
     ("kind-resume-file", lambda c: [*TRAIN, *_cfg(c), "--resume", c.file("ck")], ("no such checkpoint folder",)),
     ("kind-export-from-file", lambda c: ["export", *_cfg(c), "--out", str(c.tmp / "o"), "--from", c.file("ck")],
      ("no such checkpoint folder",)),
+    ("kind-export-from-other-folder", lambda c: ["export", *_cfg(c), "--out", str(c.tmp / "o"), "--from",
+                                                 c.folder("ck", with_file=True)],
+     ("holds no state.json: not a baton checkpoint folder (give a checkpoint folder",)),
     ("kind-data-info-file", lambda c: ["data-info", *_cfg(c), "--set", f"data.dir={c.file('d')}"],
      ("is a file, not a folder",)),
     # ---- --rate-from files
