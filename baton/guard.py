@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,16 @@ def escaped(text: str, keep: str = "") -> str:
     """``text`` with every character a terminal would not print as itself (control and format characters,
     undecodable bytes) written as its escape; those in ``keep`` stay."""
     return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
+
+
+# user:password@ (or token@) after a scheme, wherever a library's message quotes a URL it was given
+_URL_CREDENTIALS = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^\s/@]+@")
+
+
+def without_credentials(text: str) -> str:
+    """``text`` with the credentials of every URL in it replaced by '…' (a library's error quoting an endpoint
+    taken from the environment, say), so it can be printed, logged and kept in a store."""
+    return _URL_CREDENTIALS.sub(r"\1…@", text)
 
 
 def shown(value: object, limit: int = 200) -> str:

@@ -16,6 +16,7 @@ import torch
 from . import faults
 from .config import Config
 from .errors import BatonError, Fenced
+from .guard import without_credentials
 from .model.optimizer import set_lr
 from .model.schedule import factor_for
 from .runtime import dist
@@ -179,7 +180,8 @@ def run(cfg: Config, resume: str = "auto", stop_after: int | None = None, progre
         requeued = summary["requeue"]  # done by the process that started the session, once every rank is done
         return summary
     except BaseException as e:  # the ledger records why the session ended, then the error goes on
-        outcome = f"fenced: {e}" if isinstance(e, Fenced) else f"failed: {type(e).__name__}: {e}"
+        # Kept in the store's ledger, which others may read: no URL's credentials, whoever quoted them.
+        outcome = without_credentials(f"fenced: {e}" if isinstance(e, Fenced) else f"failed: {type(e).__name__}: {e}")
         raise
     finally:
         s.close(outcome, requeued)

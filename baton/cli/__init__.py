@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import BatonError
-from ..guard import check_environment, count, escaped, finite_float
+from ..guard import check_environment, count, escaped, finite_float, without_credentials
 
 log = logging.getLogger("baton")
 
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         # which prints each different error once when the ranks are done, only to the log.
         # Escaped here, whatever raised it: a value quoted in a message never reaches the terminal raw (the
         # lines of a config's list of problems stay lines).
-        message = escaped(str(e), keep="\n")
+        message = escaped(without_credentials(str(e)), keep="\n")
         if not os.environ.get(logs.LAUNCHED):
             print(f"{f'[rank {rank}] ' if rank else ''}baton: error: {message}", file=sys.stderr)
         logs.file_only(logging.ERROR, f"baton: error: {message}")
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
 
         path = logs.log_failure(rank, e)
         print(f"{f'[rank {rank}] ' if rank else ''}baton: internal error (a bug, not a problem with the input): "
-              f"{type(e).__name__}: {one_line(e)}; the traceback is in {path}", file=sys.stderr)
+              f"{type(e).__name__}: {without_credentials(one_line(e))}; the traceback is in {path}", file=sys.stderr)
         status = 1
     logs.exit_record(rank, status)
     return status

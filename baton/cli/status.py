@@ -110,6 +110,8 @@ def run_status(args, cfg: Config) -> int:
           + (f"; this quota period {led['period_hours']:.4f} of {led['quota_hours']:g} h" if led["period_hours"]
              is not None else "") + (f"; cap {led['cap_hours']:g} h, {led['cap_left']:.4f} h left" if led["cap_left"]
                                       is not None else ""))
+    for problem in s["ledger_problems"]:  # a damaged record is left out of the total above: said, not hidden
+        print(f"ledger problem (left out of the billed total): {problem}")
     print("curves, sessions and plots: baton report -c CONFIG [--out DIR]")
     return 0
 

@@ -44,10 +44,17 @@ def run_tasks(folder: Path, names: list[str], tm, device: str, limit: int = 0) -
         res = lm_eval.simple_evaluate(model=lm, tasks=names, task_manager=tm, limit=limit or None, log_samples=False)
     out: dict[str, dict[str, float]] = {}
     for task, metrics in (res or {}).get("results", {}).items():
-        out[task] = {k.split(",")[0]: float(v) for k, v in metrics.items()
+        out[task] = {metric_name(k): float(v) for k, v in metrics.items()
                      if "_stderr" not in k and isinstance(v, (int, float)) and not isinstance(v, bool)
                      and k != "sample_len" and math.isfinite(float(v))}
     return out
+
+
+def metric_name(key: str) -> str:
+    """lm-eval's ``metric,filter`` as the record names it: the metric, with its filter unless that is ``none``
+    (gsm8k's ``exact_match,strict-match`` and ``exact_match,flexible-extract`` are two numbers, not one)."""
+    metric, _, filt = key.partition(",")
+    return metric if filt in ("", "none") else f"{metric} ({filt})"
 
 
 @contextmanager

@@ -44,9 +44,16 @@ def export_model(model: torch.nn.Module, tokenizer_file: Path, out: Path, eos_to
     return out
 
 
+MIN_TEMPERATURE = 1e-3
+
+
 def generate(folder: Path, prompt: str, max_new_tokens: int = 64, temperature: float = 0.8, seed: int = 0) -> str:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if 0 < temperature < MIN_TEMPERATURE:
+        # Logits divided by it overflow to inf, and sampling from that is NaN: what is meant is greedy decoding.
+        raise BatonError(f"--temperature {temperature:g} is too small to sample with (at least {MIN_TEMPERATURE:g}); "
+                         "use 0 for greedy decoding")
     if not (folder / "config.json").is_file():
         raise BatonError(f"{folder} is not an exported model folder (run `baton export` first)")
     if not any((folder / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json")):

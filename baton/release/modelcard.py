@@ -82,15 +82,27 @@ def limitations(*, step: int, horizon: int, params: int, tokens_seen: int, seq_l
     return "\n".join(out)
 
 
+def _source(s: dict[str, Any]) -> str:
+    """What a data source read, as the card names it."""
+    if s.get("kind") == "hub":
+        what = s.get("files") or (f"config {s['config']}, split {s.get('split', 'train')}" if s.get("config") else "")
+        return f"{s.get('repo')}@{s.get('revision', 'main')}" + (f" ({what})" if what else "")
+    if s.get("kind") == "stdlib":
+        return "(the Python standard library)"
+    return str(s.get("path") or "(local files)")
+
+
 def build_card(*, repo: str, run: str, step: int, horizon: int, params: int, tokens_seen: int, config: dict[str, Any],
                manifest: dict[str, Any], ledger: dict[str, Any], evaluation: EvalRecord, license: str,
-               tags: list[str], curve: str | None) -> ModelCard:
+               tags: list[str], curve: str | None, revision: str = "") -> ModelCard:
     model_cfg = config["model"]
-    datasets = sorted({s["path"] for s in config["data"]["sources"] if s.get("kind") == "hf_dataset" and s.get("path")})
+    # The Hub's dataset ids the run read (kind hub); a saved dataset folder (hf_dataset) is a local path, not a
+    # Hub id, so not metadata.
+    datasets = sorted({s["repo"] for s in config["data"]["sources"] if s.get("kind") == "hub" and s.get("repo")})
     data = ModelCardData(license=license or None, library_name="transformers", pipeline_tag="text-generation",
                          tags=["baton", "llama", "text-generation", *tags], datasets=datasets or None,
                          model_name=repo, eval_results=_results(repo, evaluation) or None)
-    sources = "\n".join(f"  - {s['kind']}: {s.get('path') or '(the Python standard library)'}"
+    sources = "\n".join(f"  - {s['kind']}: {_source(s)}"
                         + (f" (weight {s['weight']:g})" if s.get("weight", 1.0) != 1.0 else "")
                         for s in config["data"]["sources"])
     h = evaluation.heldout
@@ -153,7 +165,7 @@ lm-evaluation-harness:
 ```python
 from transformers import pipeline
 
-generate = pipeline("text-generation", model="{repo}")
+generate = pipeline("text-generation", model="{repo}"{f', revision="{revision}"' if revision else ''})
 print(generate("def ", max_new_tokens=32)[0]["generated_text"])
 ```
 

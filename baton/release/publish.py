@@ -38,7 +38,8 @@ CARD = "README.md"
 class Target:
     store: Store
     prefix: str  # "" for the root of the repository (or of the revision's branch)
-    repo: str  # what `from_pretrained` is given: owner/name on the Hub, else the URL
+    repo: str  # what `from_pretrained` is given: owner/name on the Hub, else the URL (and the revision's folder)
+    revision: str = ""  # the Hub branch it is published to, when not main (`from_pretrained(..., revision=)`)
 
     def describe(self) -> str:
         return self.store.describe() + (f" under {self.prefix}/" if self.prefix else "")
@@ -73,11 +74,13 @@ def open_target(cfg: Config, revision: str | None = None) -> Target:
                                                         repo_type=store.repo_type, exist_ok=True),
                         f"creation of branch {branch}")
             store.revision = branch
+            target.revision = branch
         return target
     root = local_store_root(url, "publish.url")
     if root is not None:  # a local folder: reading proves nothing about writing, a probe write does
         output_place(root / (revision or ""), "publish.url", "set publish.url to a folder you may write")
-    target = Target(open_store(url, retry, key="publish.url"), revision or "", url)
+    target = Target(open_store(url, retry, key="publish.url"), revision or "",
+                    f"{url.rstrip('/')}/{revision}" if revision else url)
     if root is None:
         _probe(target)
     return target
@@ -100,8 +103,10 @@ def _ledger_summary(store: Store, run: str) -> dict[str, Any]:
 
 
 def publish_folder(cfg: Config, target: Target, folder: Path, step: int, config: dict[str, Any],
-                   evaluation: EvalRecord, metrics: Path | None) -> dict[str, Any]:
-    """Push the exported ``folder`` (plus the loss curve) to ``target``, verify it, then write the card."""
+                   evaluation: EvalRecord, metrics: Path | None, horizon: int) -> dict[str, Any]:
+    """Push the exported ``folder`` (plus the loss curve) to ``target``, verify it, then write the card.
+    ``horizon``: the run's own, which anytime mode may have shortened from the config's (a model at it is
+    finished, not an intermediate checkpoint)."""
     from ..config import config_from_dict
     from ..data.manifest import load_manifest
     from ..model.llama import param_count
@@ -121,7 +126,7 @@ def publish_folder(cfg: Config, target: Target, folder: Path, step: int, config:
                            what=f"model of step {step} at {target.describe()}")
     faults.point("publish.card", step)
     ckpt_store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
-    card = build_card(repo=target.repo, run=cfg.run.name, step=step, horizon=saved.total_steps,
+    card = build_card(repo=target.repo, run=cfg.run.name, step=step, horizon=horizon, revision=target.revision,
                       params=param_count(saved.model), tokens_seen=step * saved.tokens_per_step, config=config,
                       manifest=load_manifest(cfg.data.dir), ledger=_ledger_summary(ckpt_store, cfg.run.name),
                       evaluation=evaluation, license=cfg.publish.license, tags=cfg.publish.tags,
@@ -141,6 +146,7 @@ def publish(cfg: Config, step: int | None = None, revision: str | None = None) -
         revision = final_revision(cfg)
     from ..checkpoint.history import locate
     from ..checkpoint.state import METRICS_FILE
+    from ..config import config_from_dict
     from ..data.manifest import load_manifest
     from ..data.prepare import TOKENIZER_FILE
     from ..evaluate.run import Plan, evaluate_model, read_record, write_record
@@ -160,7 +166,8 @@ def publish(cfg: Config, step: int | None = None, revision: str | None = None) -
             write_record(ckpt_store, evaluation)
         metrics = Path(tmp) / "ckpt" / METRICS_FILE
         return publish_folder(cfg, target, folder, state.step, state.config, evaluation,
-                              metrics if metrics.is_file() else None)
+                              metrics if metrics.is_file() else None,
+                              state.horizon(config_from_dict(state.config).total_steps))
 
 
 def publish_trained(cfg: Config, model, step: int, folder: Path, metrics: Path | None,
@@ -179,7 +186,8 @@ def publish_trained(cfg: Config, model, step: int, folder: Path, metrics: Path |
         if evaluation is None:
             evaluation = evaluate_model(cfg, plan, model, step, cfg.to_dict(), staged)
             write_record(ckpt_store, evaluation)
-        return publish_folder(cfg, target, staged, step, cfg.to_dict(), evaluation, metrics)
+        # Called when the run completes: its step is the horizon it reached, the config's or anytime mode's.
+        return publish_folder(cfg, target, staged, step, cfg.to_dict(), evaluation, metrics, step)
 
 
 def final_revision(cfg: Config) -> str:

@@ -13,6 +13,8 @@ import sys
 import threading
 from pathlib import Path
 
+from ..guard import without_credentials
+
 _FMT = "%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"
 # The start of a record in a rank's file; whatever follows until the next one belongs to that record.
 RECORD_START = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} \[rank \d+\] ")
@@ -37,7 +39,7 @@ def setup(rank: int = 0, log_dir: Path | None = None, verbose: bool = False) -> 
             h.close()
     console = logging.StreamHandler(sys.stderr)
     console.setLevel(logging.INFO if rank == 0 else logging.WARNING)
-    console.setFormatter(logging.Formatter("%(message)s" if rank == 0 else f"[rank {rank}] %(levelname)s %(message)s"))
+    console.setFormatter(_Scrubbed("%(message)s" if rank == 0 else f"[rank {rank}] %(levelname)s %(message)s"))
     console._baton = True  # type: ignore[attr-defined]
     root.addHandler(console)
     path = None
@@ -45,13 +47,21 @@ def setup(rank: int = 0, log_dir: Path | None = None, verbose: bool = False) -> 
         log_dir.mkdir(parents=True, exist_ok=True)
         path = log_file(log_dir, rank)
         fh = logging.FileHandler(path, encoding="utf-8", errors="backslashreplace")
-        fh.setFormatter(logging.Formatter(_FMT.format(rank=rank)))
+        fh.setFormatter(_Scrubbed(_FMT.format(rank=rank)))
         fh._baton = True  # type: ignore[attr-defined]
         fh._baton_file = True  # type: ignore[attr-defined]
         root.addHandler(fh)
         _install_hooks(rank)
     root.propagate = False
     return path
+
+
+class _Scrubbed(logging.Formatter):
+    """Every line baton logs, a traceback's included, with the credentials of any URL in it replaced: a library's
+    message may quote an endpoint it was given, password and all."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return without_credentials(super().format(record))
 
 
 def log_failure(rank: int, exc: BaseException) -> Path:
@@ -85,7 +95,7 @@ def _crash_file(rank: int) -> Path:
     else:  # no disk takes a write: the traceback goes to the terminal after all
         fh = logging.StreamHandler(sys.stderr)
         fh.baseFilename = "<stderr>"  # type: ignore[attr-defined]
-    fh.setFormatter(logging.Formatter(_FMT.format(rank=rank)))
+    fh.setFormatter(_Scrubbed(_FMT.format(rank=rank)))
     fh._baton = True  # type: ignore[union-attr]
     fh._baton_file = True  # type: ignore[union-attr]
     log.addHandler(fh)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BatonError, StoreError
+from ..guard import without_credentials
 from ..store import Store
 from .base import Backend
 
@@ -182,7 +183,7 @@ class Trackers:
         except Exception as e:  # noqa: BLE001 - any library's failure, reported as the backend's
             if b.name == "jsonl":  # the run's own history: its failure is the run's, not a tracker's
                 raise
-            said = " ".join(str(e).split())
+            said = without_credentials(" ".join(str(e).split()))
             said = said if len(said) <= 300 else said[:297] + "..."
             raise BatonError(f"tracker {b.name} could not start ({type(e).__name__}: {said}); {START_HINTS[b.name]}, "
                              f"or remove {b.name!r} from log.backends") from None
@@ -212,7 +213,7 @@ class Trackers:
             if b.name == "jsonl":  # the run's own history (it travels in every checkpoint): never dropped
                 raise
             log.warning("tracker %s failed (%s: %s); it gets no more metrics this session", b.name,
-                        type(e).__name__, e)
+                        type(e).__name__, without_credentials(str(e)))
             self.sent.pop(b.name, None)
             return False
 

@@ -78,3 +78,13 @@ def test_a_run_named_twice_is_billed_once(make_config, baton_cli, capsys):
     once = run_in_process(["ledger", "-c", cfg, "--run", "test"], capsys)
     twice = run_in_process(["ledger", "-c", cfg, "--run", "test", "--run", "test"], capsys)
     assert once.status == twice.status == 0 and "over 1 sessions" in once.stdout and once.stdout == twice.stdout
+
+
+def test_status_says_which_ledger_record_its_billed_total_leaves_out(make_config, baton_cli, tmp_path, capsys):
+    cfg = str(make_config())
+    assert baton_cli("train", "-c", cfg, "--stop-after-steps", "2", "--no-progress").returncode == 0
+    (tmp_path / "store" / "test" / "ledger" / "zz-bad.json").write_text("{not json")
+    o = run_in_process(["status", "-c", cfg], capsys)
+    assert o.status == 0, o.stderr
+    lines = [line for line in o.stdout.splitlines() if line.startswith("ledger problem")]
+    assert len(lines) == 1 and "zz-bad.json" in lines[0] and "left out of the billed total" in lines[0]

@@ -126,6 +126,8 @@ CASES: list[tuple[str, Callable[[B], list[str]], tuple[str, ...]]] = [
      ("must be >= 1, got -3",)),
     ("flag-sample-temp-neg", lambda c: ["sample", "--from", str(c.exported), "--temperature", "-0.5"],
      ("--temperature: must be >= 0",)),
+    ("flag-sample-temp-tiny", lambda c: ["sample", "--from", str(c.exported), "--temperature", "1e-300"],
+     ("--temperature 1e-300 is too small to sample with", "use 0 for greedy decoding")),
     ("flag-sample-temp-nan", lambda c: ["sample", "--from", str(c.exported), "--temperature", "nan"],
      ("not a finite number",)),
     ("flag-sample-temp-inf", lambda c: ["sample", "--from", str(c.exported), "--temperature", "inf"],

@@ -92,6 +92,9 @@ def test_horizon_publishes_a_loadable_model_whose_card_holds_the_run(published, 
     card10 = ModelCard.load(branch / "README.md")
     assert "step 10" in card10.text and MODEL_FILES <= {p.name for p in branch.iterdir()}
     assert "An intermediate checkpoint: step 10 of the run's 20-step horizon" in card10.text
+    # Its example loads what it describes: the branch, not main's finished model.
+    assert f'pipeline("text-generation", model="{b.repo}", revision="step-10")' in card10.text
+    assert f'pipeline("text-generation", model="{b.repo}")' in card.text
     assert b.hub.read(b.repo, "model.safetensors", "step-10") != b.hub.read(b.repo, "model.safetensors")
 
 
@@ -382,3 +385,30 @@ def test_a_token_that_may_not_write_is_refused_before_any_upload(make_config, hu
     finally:
         hub_server.serve_whoami = True
         b.close()
+
+
+def test_the_card_names_the_hub_datasets_read_and_a_finished_shortened_run_as_finished():
+    """A run anytime mode shortened ends at its own horizon: its model is finished, not step N of the config's
+    horizon. Hub sources are named by repository, in the metadata and the text; a saved dataset folder is a local
+    path, never Hub metadata."""
+    from baton.config import SourceConfig, load_config
+    from baton.evaluate.record import EvalRecord
+    from baton.release.modelcard import build_card
+
+    cfg = load_config(None)
+    cfg.data.sources = [SourceConfig(kind="hub", repo="HuggingFaceFW/fineweb-edu", files="sample/10BT/*.parquet"),
+                        SourceConfig(kind="hf_dataset", path="/home/alice/private/ds_saved")]
+    config = cfg.to_dict()
+    manifest = {"fingerprint": "f" * 16, "total_tokens": 1000, "tokenizer": {"vocab_size": 4096}}
+
+    def card(step: int, horizon: int) -> str:
+        return str(build_card(repo="you/m", run="r", step=step, horizon=horizon, params=10, tokens_seen=100,
+                              config=config, manifest=manifest, ledger={}, evaluation=EvalRecord(run="r", step=step, tokens_seen=100, heldout={}),
+                              license="", tags=[], curve=None))
+
+    text = card(636, 636)
+    assert "intermediate checkpoint" not in text
+    assert "An intermediate checkpoint: step 300 of the run's 636-step horizon" in card(300, 636)
+    front = text.split("---")[1]
+    assert "HuggingFaceFW/fineweb-edu" in front and "/home/alice" not in front
+    assert "- hub: HuggingFaceFW/fineweb-edu@main (sample/10BT/*.parquet)" in text

@@ -48,3 +48,18 @@ def test_a_tracker_that_cannot_start_is_one_line_before_any_step(make_config, tm
     assert said.startswith("tracker mlflow could not start (MlflowException: ") and "\n" not in said
     assert said.endswith("or remove 'mlflow' from log.backends") and "log.mlflow_uri" in said
     assert not (cfg.run_dir / "metrics.jsonl").exists()
+
+
+def test_a_tracker_url_with_credentials_from_the_environment_is_never_kept_or_shown(make_config, baton_cli, tmp_path):
+    """The config refuses a password in log.mlflow_uri; MLflow's own variable can still carry one, and MLflow's
+    error quotes the URL it was given. Neither the terminal, the run's log, nor the store's ledger (and so no
+    report) holds the secret."""
+    cfg = make_config()
+    env = {"MLFLOW_TRACKING_URI": "http://alice:S3cretPw@127.0.0.1:9/", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+           "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+    r = baton_cli("train", "-c", str(cfg), "--set", 'log.backends=["jsonl","mlflow"]', "--no-progress", env=env)
+    assert r.returncode == 2 and "tracker mlflow could not start" in r.stderr, r.stderr
+    assert "S3cretPw" not in r.stdout + r.stderr and "http://…@127.0.0.1:9" in r.stderr
+    for f in tmp_path.rglob("*"):
+        assert not f.is_file() or b"S3cretPw" not in f.read_bytes(), f
+    assert list((tmp_path / "store" / "test" / "ledger").glob("*.json"))  # the failed session is billed, scrubbed
