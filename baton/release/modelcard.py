@@ -139,7 +139,7 @@ vocabulary {model_cfg['vocab_size']:,}{', tied embeddings' if model_cfg.get('tie
 ## Compute
 
 - hardware: {', '.join(devices) or 'unknown'}
-- {unit} billed to the run so far (wall clock x accelerators, from its ledger; the whole run, not only up to this step): {f'{hours:.4f}' if hours is not None else 'unknown'} over {ledger.get('sessions', 0)} session(s)
+- {unit} billed to the run so far (wall clock x accelerators, from its ledger; the whole run and its cooldown branches, not only up to this step): {f'{hours:.4f}' if hours is not None else 'unknown'} over {ledger.get('sessions', 0)} session(s)
 
 {f'![training loss]({curve})' if curve else ''}
 

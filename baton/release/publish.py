@@ -96,7 +96,8 @@ def _probe(target: Target) -> None:
 
 
 def _ledger_summary(store: Store, run: str) -> dict[str, Any]:
-    records, _ = L.read_ledger(store, run)
+    # A cooldown branch's model cost its main run's sessions too: the family's ledgers, as a quota counts them.
+    records, _ = L.read_run_ledgers(store, run)
     t = L.totals(records)
     devices = sorted({f"{r.accelerators} x {r.device}" for r in records if r.device})
     return {"billed_hours": round(t.billed_hours, 6), "sessions": t.sessions, "devices": devices}
