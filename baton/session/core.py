@@ -233,7 +233,9 @@ class Session:
             flags[1] = bool(ckpt.unbooked)
             flags[3] = self.budget.should_stop(now, final=step + 1 >= p.total_steps, in_flight=ckpt.pusher.in_flight,
                                                evaluates=self.eval_due(step + 1))
-            flags[4] = self.budget.checkpoint_due(now)
+            # Not while a push is in flight: the cadence runs from when that checkpoint began (taken, it moves the
+            # clock's mark), and one more now would only wait for it, step after step.
+            flags[4] = self.budget.checkpoint_due(now) and ckpt.pending is None
             flags[5] = p.ledger is not None and self._ledger_open and p.ledger.heartbeat_due(now)
             flags[6] = p.lease is not None and p.lease.lost is not None
         if p.world > 1:

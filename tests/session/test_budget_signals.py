@@ -223,3 +223,19 @@ def test_a_budget_that_cannot_train_a_step_is_refused_before_the_session(make_co
     now = time.time()
     started, stop_at = session_clock(cfg, None, None, "2099-01-01T01:00+01:00")
     assert started <= now and stop_at == 4070908800.0
+
+
+def test_a_timed_checkpoint_is_not_due_while_the_last_one_is_still_pushing(make_config, baton_cli, tmp_path):
+    """budget.ckpt_minutes with background pushes: the cadence runs from when a checkpoint began, and none is due
+    while one is in flight. Each push here takes over 2 s (a pause at its verification) against a 0.3 s cadence and
+    steps of a few hundredths: training goes on during each push, so no two timed checkpoints are a step apart (they
+    were: the next one was due at once, and waited for the push, step after step)."""
+    cfg = str(make_config())
+    store = tmp_path / "store"
+    baton_cli("train", "-c", cfg, "--no-progress", "--set", "train.steps=1000000", "--stop-after-steps", "150",
+              "--set", "budget.ckpt_minutes=0.005", "--set", "store.keep_last=100", check=True,
+              env={"BATON_FAULT_PAUSE": "step=0.02,verify=2.0"})
+    (rec,) = _ledger(store)
+    steps = [c["step"] for c in rec["checkpoints"]]
+    assert len(steps) >= 3 and steps[-1] == 150, steps
+    assert all(b - a >= 2 for a, b in zip(steps, steps[1:])), steps
