@@ -268,7 +268,13 @@ def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = N
 
     allowed = tuple(sorted(validate_allowed(list(allow_change))))
     started, stop_at = session_clock(cfg, session_start, session_hours, deadline)
-    if "RANK" not in os.environ and (spec.nproc > 1 or spec.multi_node):
+    from .runtime.dist import under_torchrun
+
+    launched = under_torchrun()  # a rank of a launch: torchrun set RANK and WORLD_SIZE (RANK alone is a stray one)
+    if launched and (spec.nproc > 1 or spec.multi_node):
+        raise BatonError("--nproc or a multi-node launch given inside a launched rank (RANK and WORLD_SIZE are set): "
+                         "one launcher starts the ranks; unset RANK and WORLD_SIZE, or drop --nproc")
+    if not launched and (spec.nproc > 1 or spec.multi_node):
         summary = _launched(cfg, spec, rank_args(cfg, resume, stop_after_steps, started, stop_at, allowed, progress,
                                                  take_over), stream_output)
         _requeue(summary)
@@ -284,7 +290,7 @@ def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = N
     at_horizon = summary.get("steps_done") == summary.get("total_steps")  # not a periodic validation
     if at_horizon and summary.get("val_loss") is not None and rank == 0:
         print(f"final validation: loss {summary['val_loss']:.4f}, perplexity {summary['val_ppl']:.2f}")
-    if "RANK" not in os.environ:  # a rank of a launch leaves it to its launcher
+    if not launched:  # a rank of a launch leaves it to its launcher
         _requeue(summary)
     return summary
 

@@ -422,6 +422,12 @@ class BudgetConfig(_Section):
             out.append(f"budget.anytime moves the start of a wsd cooldown, but optim.schedule is "
                        f"{cfg.optim.schedule!r} (it decays from the warmup's end, so a shorter horizon would change "
                        "updates already made): set optim.schedule = \"wsd\", or budget.anytime = false")
+        elif cfg.optim.decay_step:
+            # The cooldown's start is fixed at a step: anytime mode moves decay_start of the horizon, which would
+            # then end a shortened run at the peak learning rate, or cut a cooldown under way.
+            out.append(f"budget.anytime moves the cooldown's start with the horizon, but optim.decay_step="
+                       f"{cfg.optim.decay_step} fixes it: set optim.decay_step = 0 (decay_start of the horizon), or "
+                       "budget.anytime = false")
         elif cfg.optim.decay_start >= 1:
             out.append("budget.anytime needs a cooldown to start: optim.decay_start = 1 leaves none (set it below 1, "
                        "e.g. 0.8), or budget.anytime = false")

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from .. import __version__
@@ -212,6 +213,24 @@ TORCHRUN_VARIABLES = {"RANK": "a rank number", "LOCAL_RANK": "a rank number", "G
                       "WORLD_SIZE": "a process count", "LOCAL_WORLD_SIZE": "a process count"}
 
 
+def launch_problem(env: Mapping[str, str]) -> str | None:
+    """What makes torchrun's variables (each a number by now) describe no process group this one can join: a
+    rank past the world, an empty world, no rendezvous address. Joining would wait out the whole distributed
+    timeout (ten minutes) and end as a library's error."""
+    n = {k: int(env[k]) for k in TORCHRUN_VARIABLES if k in env}
+    if "WORLD_SIZE" in n and n["WORLD_SIZE"] < 1:
+        return f"WORLD_SIZE={n['WORLD_SIZE']}: a process group has at least one process"
+    if "RANK" in n and "WORLD_SIZE" in n and n["RANK"] >= n["WORLD_SIZE"]:
+        return f"RANK={n['RANK']} is not a rank of WORLD_SIZE={n['WORLD_SIZE']} (0 to {n['WORLD_SIZE'] - 1})"
+    if "LOCAL_RANK" in n and "LOCAL_WORLD_SIZE" in n and n["LOCAL_RANK"] >= n["LOCAL_WORLD_SIZE"]:
+        return (f"LOCAL_RANK={n['LOCAL_RANK']} is not a rank of LOCAL_WORLD_SIZE={n['LOCAL_WORLD_SIZE']} "
+                f"(0 to {n['LOCAL_WORLD_SIZE'] - 1})")
+    if "RANK" in n and "WORLD_SIZE" in n and not (env.get("MASTER_ADDR") and env.get("MASTER_PORT")):
+        return (f"RANK={n['RANK']} and WORLD_SIZE={n['WORLD_SIZE']} are set, but MASTER_ADDR and MASTER_PORT, where "
+                "the ranks meet, are not")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     from ..runtime import logs
 
@@ -227,6 +246,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"baton: error: the environment variable {name}={value!r} is not {what} (torchrun sets it for "
                   "its ranks; unset it to run one process)", file=sys.stderr)
             return 2
+    inconsistent = launch_problem(os.environ)
+    if inconsistent:
+        print(f"baton: error: {inconsistent} (torchrun sets these for its ranks; unset RANK and WORLD_SIZE to run one "
+              "process, or start baton with --nproc)", file=sys.stderr)
+        return 2
     rank = int(os.environ.get("RANK", 0))
     logs.setup(rank)
     status = 1
@@ -305,9 +329,9 @@ def cmd_train(args) -> int:
         from ..runtime.slurm import rendezvous
 
         port = args.rdzv_endpoint.rpartition(":")[2] if args.rdzv_endpoint else None
-        if port is not None and not port.isdigit():
-            raise BatonError(f"--rdzv-endpoint {args.rdzv_endpoint!r} has no port: give HOST:PORT (with --nnodes "
-                             "slurm only the port is used)")
+        if port is not None and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+            raise BatonError(f"--rdzv-endpoint {args.rdzv_endpoint!r} has no port from 1 to 65535: give HOST:PORT "
+                             "(with --nnodes slurm only the port is used)")
         args.nnodes, args.rdzv_endpoint, slurm_id = rendezvous(port=int(port) if port else None)
         args.rdzv_id = args.rdzv_id or slurm_id
     spec = LaunchSpec(nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,

@@ -55,7 +55,8 @@ def lr_factor(step: int, total_steps: int, warmup_steps: int = 100, decay_start:
               decay_step: int = 0) -> float:
     """Multiplier on the peak LR for the update with 0-based index ``step``.
 
-    Warmup ramps (step+1)/warmup so the first update is not at LR 0. The decay runs from 1.0 at
+    Warmup ramps (step+1)/warmup so the first update is not at LR 0 (a decay that begins before the warmup ends
+    starts from the ramp's level there instead of 1.0). The decay runs from 1.0 at
     ``decay_begin`` to ``min_lr_ratio + (1 - min_lr_ratio) * shape((n-1)/n)`` at the final update (n the decay's
     length), i.e. it would reach the floor one step past the horizon.
     """
@@ -72,6 +73,12 @@ def lr_factor(step: int, total_steps: int, warmup_steps: int = 100, decay_start:
     if step < d0:
         return 1.0
     fall = _decay(step - d0, total_steps - d0, shape)
+    if warmup_steps > d0:
+        # A warmup still under way where the decay begins (a short horizon): the decay starts from the level
+        # the ramp reached, not from the peak it never got to (that was a jump up, then down).
+        top = (d0 + 1) / warmup_steps
+        floor = min(min_lr_ratio, top)
+        return floor + (top - floor) * fall
     if min_lr_ratio == 0.0:
         return fall
     return min_lr_ratio + (1.0 - min_lr_ratio) * fall

@@ -78,6 +78,9 @@ def resolve(cfg: Config, device: torch.device, world: int) -> dict[str, Any]:
     t.fused_ce = fused
     if t.micro_batch == "auto":
         per_rank = t.global_batch // world
+        if per_rank < 1 or t.global_batch % world:  # a world given without the launcher's check (torchrun itself)
+            raise ConfigError(f"train.global_batch={t.global_batch} does not split over {world} ranks: make it a "
+                              f"multiple of {world}, or change the ranks")
         t.micro_batch, probe = auto_micro_batch(cfg, device, per_rank)
         if device.type == "cuda":
             notes["micro_batch_probe"] = probe

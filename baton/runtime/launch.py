@@ -40,6 +40,9 @@ TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 _LEVEL_ERROR = re.compile(r"^\S+ \S+ \[rank \d+\] (ERROR|CRITICAL) ")
 
 
+RDZV_BACKENDS = ("c10d", "etcd", "etcd-v2", "static")  # torchrun's own registry
+
+
 @dataclass
 class LaunchSpec:
     """Where and how many: this machine's processes, and how the nodes find each other."""
@@ -72,6 +75,12 @@ class LaunchSpec:
             elif self.node_rank is not None and not 0 <= self.node_rank < hi:
                 problems.append(f"--node-rank {self.node_rank} is not a node of --nnodes {self.nnodes} (0 to {hi - 1}): "
                                 "the job would wait for a node that never comes")
+        if self.rdzv_endpoint is not None:
+            host, colon, port = self.rdzv_endpoint.rpartition(":")
+            if not (colon and host and port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+                problems.append(f"--rdzv-endpoint {self.rdzv_endpoint!r} is not HOST:PORT with a port from 1 to 65535")
+        if self.rdzv_backend not in RDZV_BACKENDS:
+            problems.append(f"--rdzv-backend {self.rdzv_backend!r} is not one of {', '.join(RDZV_BACKENDS)}")
         if self.rdzv_endpoint and self.master_addr:
             problems.append("give either --rdzv-endpoint (c10d rendezvous) or --master-addr (static), not both")
         if self.multi_node and not (self.rdzv_endpoint or self.master_addr):
@@ -87,9 +96,14 @@ class LaunchSpec:
 
 def check_geometry(spec: LaunchSpec, global_batch: int, micro_batch: int | str) -> None:
     """Refuse, before starting any process, a global batch the ranks cannot split evenly."""
-    if not spec.nnodes.isdigit() or not isinstance(micro_batch, int):
-        return  # an elastic node range or an automatic micro-batch: each rank checks when it knows
+    if not spec.nnodes.isdigit():
+        return  # an elastic node range: each rank checks when it knows the world
     world = spec.nproc * int(spec.nnodes)
+    if not isinstance(micro_batch, int):  # auto picks a micro-batch that divides each rank's share, if there is one
+        if global_batch % world:
+            raise BatonError(f"train.global_batch={global_batch} does not split over {world} ranks ({spec.nproc} per "
+                             f"node x {spec.nnodes} nodes): make it a multiple of {world}, or change the ranks")
+        return
     if global_batch % (micro_batch * world):
         raise BatonError(
             f"train.global_batch={global_batch} is not divisible by micro_batch {micro_batch} x {world} ranks "

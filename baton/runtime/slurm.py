@@ -65,6 +65,9 @@ def _count(env: Mapping[str, str], name: str, default: int | None) -> int | None
     return int(value)
 
 
+LAST_INSTANT = 221_845_392_000  # 9000-01-01T00:00Z in epoch seconds
+
+
 def current_job(env: Mapping[str, str] | None = None, query: bool = True) -> SlurmJob | None:
     """This process's job, or None outside SLURM. ``query``: also ask the controller (``scontrol show job``) for
     the end time where the environment lacks it, and whether it is a batch job (a controller that cannot be
@@ -77,6 +80,9 @@ def current_job(env: Mapping[str, str] | None = None, query: bool = True) -> Slu
         raise BatonError(f"the environment variable SLURM_JOB_ID={job_id!r} is not a job id (SLURM sets it for its "
                          "jobs; unset it outside one)")
     end = _count(env, "SLURM_JOB_END_TIME", None)
+    if end is not None and not LAST_INSTANT >= end:  # an instant a calendar can print (the year 9000 at most)
+        raise BatonError(f"the environment variable SLURM_JOB_END_TIME={end} is not a time before the year 9000 "
+                         "(epoch seconds; SLURM sets it for its jobs; unset it outside one)")
     fields = show_job(job_id, strict=False) if query else {}
     end_ts = float(end) if end else end_time(fields)
     return SlurmJob(job_id=job_id, array_job_id=env.get("SLURM_ARRAY_JOB_ID") or None,

@@ -66,6 +66,8 @@ def branch_config(cfg: Config, name: str) -> Config:
     d["run"]["name"] = branch_run(main, name)
     d["train"].update(steps=step + tokens // tps, target_tokens=0)
     d["optim"]["decay_step"] = step
+    # A branch is its cooldown from the start: anytime mode has no plateau left to cut, and must not move it.
+    d["budget"]["anytime"] = False
     return config_from_dict(d)
 
 

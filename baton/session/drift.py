@@ -206,6 +206,8 @@ def refuse_drift(state: CheckpointState, new_cfg: dict[str, Any], total_steps: i
                           "its data cursor does not skip them: the checkpoint is inconsistent (resume from an "
                           "earlier checkpoint with --resume PATH, or start a new run.name)")
     if total_steps < step:
+        if any(d.key != HORIZON and d.key not in allowed for d in diffs):
+            _refuse(step, diffs, allowed, note)  # one message, every difference: the horizon's among them
         raise ResumeError(f"the horizon is {total_steps} steps but the checkpoint is at step {step}{note} (raise "
                           "train.steps or train.target_tokens, or start a new run.name)")
     _refuse(step, diffs, allowed, note)

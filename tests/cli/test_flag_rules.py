@@ -88,3 +88,47 @@ def test_status_says_which_ledger_record_its_billed_total_leaves_out(make_config
     assert o.status == 0, o.stderr
     lines = [line for line in o.stdout.splitlines() if line.startswith("ledger problem")]
     assert len(lines) == 1 and "zz-bad.json" in lines[0] and "left out of the billed total" in lines[0]
+
+
+@pytest.mark.parametrize("env, expect", [
+    ({"RANK": "3", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29731"},
+     "RANK=3 is not a rank of WORLD_SIZE=2 (0 to 1)"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE=0: a process group has at least one process"),
+    ({"RANK": "0", "WORLD_SIZE": "1"}, "but MASTER_ADDR and MASTER_PORT, where the ranks meet, are not"),
+    ({"LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"}, "LOCAL_RANK=2 is not a rank of LOCAL_WORLD_SIZE=2"),
+])
+def test_torchrun_variables_that_describe_no_group_are_one_line_not_a_ten_minute_wait(env, expect, make_config,
+                                                                                     monkeypatch, capsys):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert_input_error(run_in_process(["train", "-c", str(make_config())], capsys), expect,
+                       "unset RANK and WORLD_SIZE to run one process")
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["--nnodes", "2", "--rdzv-endpoint", "10.0.0.1:70000"], "is not HOST:PORT with a port from 1 to 65535"),
+    (["--nnodes", "2", "--rdzv-endpoint", "localhost:abc"], "is not HOST:PORT with a port from 1 to 65535"),
+    (["--nnodes", "2", "--rdzv-endpoint", "localhost:29400", "--rdzv-backend", "bogus"],
+     "--rdzv-backend 'bogus' is not one of c10d, etcd, etcd-v2, static"),
+    (["--nproc", "2", "--set", "train.global_batch=1", "--micro-batch", "auto"],
+     "train.global_batch=1 does not split over 2 ranks"),
+])
+def test_a_launch_torchrun_would_refuse_with_a_traceback_is_one_line_first(argv, expect, make_config, capsys):
+    assert_input_error(run_in_process(["train", "-c", str(make_config()), *argv], capsys), expect)
+
+
+def test_nproc_inside_a_launched_rank_is_refused(make_config, monkeypatch,
+                                                 capsys):
+    cfg = str(make_config())
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29733"}.items():
+        monkeypatch.setenv(k, v)
+    assert_input_error(run_in_process(["train", "-c", cfg, "--nproc", "2"], capsys),
+                       "--nproc or a multi-node launch given inside a launched rank")
+
+
+def test_a_slurm_end_time_no_calendar_holds_is_one_line(make_config, monkeypatch, capsys):
+    monkeypatch.setenv("SLURM_JOB_ID", "12")
+    monkeypatch.setenv("SLURM_JOB_END_TIME", "99999999999999")
+    monkeypatch.setenv("PATH", "/nonexistent")  # no scontrol: the environment's end time is all there is
+    assert_input_error(run_in_process(["train", "-c", str(make_config())], capsys),
+                       "SLURM_JOB_END_TIME=99999999999999 is not a time before the year 9000")

@@ -133,3 +133,15 @@ def test_a_fraction_of_the_horizon_is_the_step_its_decimal_names(k, total):
         assert lr_factor(want - 1, total, 0, start) == 1.0
     if want + 1 < total:
         assert lr_factor(want, total, 0, start) == 1.0 and lr_factor(want + 1, total, 0, start) < 1.0
+
+
+@pytest.mark.parametrize("schedule", ["wsd", "cosine", "linear"])
+@pytest.mark.parametrize("total, warmup, floor", [(8, 10, 0.0), (50, 100, 0.1), (2, 4, 0.0), (1, 4, 0.0)])
+def test_a_warmup_longer_than_the_plateau_never_jumps_to_the_peak(schedule, total, warmup, floor):
+    """A short horizon with the default warmup: the decay begins while the ramp is under way, and starts from the
+    ramp's level there (it jumped to the peak, then fell)."""
+    f = [lr_factor(s, total, warmup, 0.8, schedule, min_lr_ratio=floor) for s in range(total)]
+    ramp = [(s + 1) / warmup for s in range(total)]
+    assert all(a <= r + 1e-12 for a, r in zip(f, ramp)), f  # never above the ramp
+    rising = max(range(total), key=lambda i: f[i])
+    assert all(b <= a + 1e-12 for a, b in zip(f[rising:], f[rising + 1:])), f  # up, then down, once

@@ -89,6 +89,12 @@ def test_a_horizon_below_the_checkpoint_is_refused(resumable):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert _error_lines(r.stderr) == ["baton: error: the horizon is 3 steps but the checkpoint is at step 4 (raise "
                                       "train.steps or train.target_tokens, or start a new run.name)"]
+    # With other differences too, the one message lists every one of them, the horizon's among them.
+    r = train("--set", "train.steps=3", "--set", "model.ffn=256", "--set", "data.shuffle_seed=3")
+    (line,) = _error_lines(r.stderr)
+    assert r.returncode == 2 and line.startswith("baton: error: refusing to resume:"), line
+    assert "model.ffn" in line and "data.shuffle_seed" in line and "train.steps" in line, line
+    assert _pointer(store)["step"] == 4
 
 
 def test_allow_change_lets_a_deliberate_change_through(resumable, tmp_path):

@@ -204,6 +204,11 @@ def test_the_first_horizon_whose_cooldown_starts_at_a_step(decay_start):
     (["budget.anytime=true", "budget.cap_hours=30"],
      "invalid config: budget.anytime forecasts the relay's sessions: set budget.session_hours (the platform's session "
      "limit), or budget.anytime = false"),
+    # A cooldown fixed at a step: a shortened horizon would end at the peak, or cut a cooldown under way.
+    (["budget.anytime=true", "budget.session_hours=9", "budget.cap_hours=30", "train.steps=120",
+      "optim.decay_step=96"],
+     "invalid config: budget.anytime moves the cooldown's start with the horizon, but optim.decay_step=96 fixes it: "
+     "set optim.decay_step = 0 (decay_start of the horizon), or budget.anytime = false"),
 ])
 def test_bad_anytime_settings_are_refused_at_config_load_in_one_line(settings, line, capsys):
     with pytest.raises(ConfigError) as e:
