@@ -53,6 +53,8 @@ MAGIC = b"baton-compile-cache\n"
 _LEN = struct.Struct(">Q")
 # An inductor C++ kernel in its cache folder: <2 characters>/<hash>.so or <hash>.main.so; a probe that loaded also
 # has its empty marker, <hash>.so.load_ok.
+# The first bytes of a shared library: ELF (Linux), Mach-O 64-bit and universal (macOS).
+SHARED_LIBRARY = (b"\x7fELF", b"\xcf\xfa\xed\xfe", b"\xca\xfe\xba\xbe")
 KERNEL = re.compile(r"[a-z0-9]{2}/[a-z0-9]{20,80}(\.main)?\.so(\.load_ok)?")
 MAX_KERNEL_BYTES = 256 << 20  # all the kernels of one blob; a folder shared with other work may hold more
 
@@ -254,10 +256,15 @@ def is_marker(rel: str) -> bool:
     return rel.endswith(".load_ok")
 
 
-def place_kernels(kernels: list[tuple[str, bytes]], folder: Path) -> int:
+def place_kernels(kernels: list[tuple[str, bytes]], folder: Path, written: list[Path] | None = None) -> int:
     """Write the carried C++ kernels into inductor's cache folder, each under its own name (one already there
     stays: the name is the hash of what it was compiled from), a probe's marker after its program. Returns how
-    many kernels were written."""
+    many kernels were written; ``written`` gets the paths (markers too), for taking them back."""
+    for rel, data in kernels:
+        # A kernel is loaded with dlopen when a graph runs: one that is no shared library (damaged before it was
+        # packed, so its sha256 matches) would fail every compile that uses it, and stay in the cache for good.
+        if not is_marker(rel) and not data.startswith(SHARED_LIBRARY):
+            raise CacheUnusable(f"its kernel {rel} is not a shared library ({len(data)} bytes)")
     placed = 0
     for rel, data in kernels:
         dest = folder / rel
@@ -271,15 +278,17 @@ def place_kernels(kernels: list[tuple[str, bytes]], folder: Path) -> int:
         except OSError as e:
             raise CacheUnusable(f"could not write its kernel {rel} into {folder} ({e})") from None
         placed += not is_marker(rel)
+        if written is not None:
+            written.append(dest)
     return placed
 
 
-def load(blob: bytes, folder: Path | None = None) -> str:
+def load(blob: bytes, folder: Path | None = None, written: list[Path] | None = None) -> str:
     """Put a blob's artifacts into this machine's compile caches; returns what it held (for the log).
-    CacheUnusable with one line when the blob cannot be used."""
+    CacheUnusable with one line when the blob cannot be used. ``written``: the kernel files it placed."""
     artifacts, kernels = unpack(blob)
     folder = folder if folder is not None else inductor_cache_dir()
-    placed = place_kernels(kernels, folder) if kernels and folder is not None else 0
+    placed = place_kernels(kernels, folder, written) if kernels and folder is not None else 0
     # torch says it could not read them with a traceback of its own and returns None: the one line is ours.
     quiet = logging.getLogger("torch.compiler._cache")
     level, quiet.level = quiet.level, logging.ERROR

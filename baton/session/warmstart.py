@@ -25,7 +25,7 @@ from ..reads import one_line
 from ..runtime import compile_cache as cc
 from ..runtime import compile_store, dist
 from ..runtime.compiled import compiled_parts
-from ..store import Store
+from ..store import Store, delete_keys
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,7 @@ class CompileCache:
         self._pulled: compile_store.Pulled | None = None
         self._push: threading.Thread | None = None
         self._misses = 0  # inductor's count of graphs compiled anew, when the cache was loaded
+        self._placed: list[Path] = []  # the kernel files the loaded blob put into this machine's inductor cache
         self.enabled = self.compiled and cfg.train.compile_cache
         if self.enabled:
             why = cc.unavailable()
@@ -139,7 +140,7 @@ class CompileCache:
         if not self.path.is_file():  # nothing pulled (said by the node's first process)
             return waited
         try:
-            said = cc.load(self.path.read_bytes())
+            said = cc.load(self.path.read_bytes(), written=self._placed)
         except (cc.CacheUnusable, OSError) as e:
             self.note = f"compile cache: {self.path.name} cannot be used ({e}); compiling cold"
             log.warning("%s", self.note)
@@ -156,6 +157,10 @@ class CompileCache:
         second) and push them in the background."""
         if not (self.enabled and self.main) or self._push is not None:
             return
+        parts = compiled_parts(micro_loss)
+        if self.kind == "warm" and any(f.fell_back for f in parts):
+            self._discard(store)
+            return
         if self.kind == "warm":
             anew = cc.graphs_compiled() - self._misses
             if anew <= 0:
@@ -164,7 +169,6 @@ class CompileCache:
             self.kind = "cold"
             self.note = f"{self.note}, yet {anew} graph(s) were compiled anew"
             log.info("%s", self.note)
-        parts = compiled_parts(micro_loss)
         if parts and all(f.fell_back for f in parts):
             self.push_note = "compile cache: nothing pushed, the compile fell back to eager"
             return
@@ -199,6 +203,25 @@ class CompileCache:
 
         self._push = threading.Thread(target=push, name="baton-compile-cache-push", daemon=False)
         self._push.start()
+
+    def _discard(self, store: Store) -> None:
+        """A warm session whose compile fell back to eager: what it loaded cannot be trusted. Its kernels leave this
+        machine's cache (else they fail every later compile here, any run's), and its blob leaves the store (else
+        every later session loads it and runs eagerly): the next session compiles cold and pushes a good one."""
+        for path in self._placed:
+            path.unlink(missing_ok=True)
+        key = self.key
+        assert key is not None
+        try:
+            delete_keys(store, [compile_store.blob_key(self.run, key), compile_store.record_key(self.run, key)])
+            gone = f"removed {compile_store.blob_key(self.run, key)} from the store"
+        except Exception as e:  # noqa: BLE001 - a cache is an optimisation: never the session's end
+            gone = f"could not remove it from the store ({type(e).__name__}: {one_line(e, 200)})"
+        self.kind = "cold"
+        self.push_note = (f"compile cache: the compile fell back to eager after loading it, so it is not trusted: "
+                          f"its {len(self._placed)} kernel file(s) removed from this machine's cache, {gone}; the "
+                          "next session compiles cold")
+        log.warning("%s", self.push_note)
 
     def finish_push(self) -> None:
         """Wait for the push in flight (bounded by the store's own retries)."""

@@ -76,19 +76,19 @@ def test_kernels_are_this_sessions_compiled_ones_and_probes_carry_their_markers(
     old, new, probe = tmp_path / "ab" / ("c" + "1" * 51 + ".so"), tmp_path / KERNEL_A, tmp_path / KERNEL_B
     for p in (old, new, probe):
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(p.name.encode())
+        p.write_bytes(b"\x7fELF" + p.name.encode())
     (tmp_path / (KERNEL_B + ".load_ok")).write_text("")  # an instruction-set probe that loaded
     (tmp_path / "ab" / "notes.so.load_ok").write_text("")  # not inductor's layout: never carried
     os.utime(old, (time.time() - 3600, time.time() - 3600))
     got = cc.native_kernels(time.time() - 60, tmp_path)
-    assert got == [(KERNEL_A, new.name.encode()), (KERNEL_B, probe.name.encode()), (KERNEL_B + ".load_ok", b"")]
+    assert got == [(KERNEL_A, new.read_bytes()), (KERNEL_B, probe.read_bytes()), (KERNEL_B + ".load_ok", b"")]
     # Put back on an empty machine under the same names, each probe's marker after its program; one already
     # there stays as it is. The count is of kernels, not markers.
     dest = tmp_path / "machine-2"
     (dest / "ab").mkdir(parents=True)
     assert cc.place_kernels(got, dest) == 2
-    assert cc.place_kernels([(KERNEL_A, b"other")], dest) == 0
-    assert (dest / KERNEL_A).read_bytes() == new.name.encode()
+    assert cc.place_kernels([(KERNEL_A, b"\x7fELFother")], dest) == 0
+    assert (dest / KERNEL_A).read_bytes() == new.read_bytes()
     assert (dest / (KERNEL_B + ".load_ok")).read_bytes() == b""
     assert cc.unpack(cc.pack(b"artifacts", got))[1] == got  # a marker passes the blob's layout check
 
@@ -192,6 +192,43 @@ def test_older_keys_are_pruned_the_newest_kept(tmp_path, monkeypatch):
     compile_store.prune(store, "run", keep=3, current="a" * 32)
     left = sorted(Path(k).name for k in store.list(f"run/{compile_store.CACHE_DIR}/", checksums=False))
     assert left == sorted(f"{k * 32}.{e}" for k in "acd" for e in ("bin", "json"))
+
+
+def test_a_kernel_that_is_no_shared_library_is_refused_and_nothing_is_placed(tmp_path):
+    """Damaged before it was packed, its sha256 matches: placed, it would fail every compile that loads it, in this
+    run and any other on the machine. Refused whole: the session compiles cold."""
+    kernels = [(KERNEL_A, b"\x7fELF" + b"\0" * 64), (KERNEL_B, b"junk")]
+    with pytest.raises(cc.CacheUnusable, match=f"its kernel {KERNEL_B} is not a shared library"):
+        cc.place_kernels(kernels, tmp_path)
+    assert not list(tmp_path.rglob("*.so"))
+
+
+def test_a_warm_session_whose_compile_fell_back_takes_back_its_kernels_and_the_blob(make_config, monkeypatch,
+                                                                                    tmp_path):
+    """Loaded, yet the compile fell back to eager (a kernel that does not load): neither this machine's cache nor
+    the store keeps what it loaded, so the next session compiles cold instead of running eagerly for good."""
+    from types import SimpleNamespace
+
+    from baton.session import warmstart
+
+    sets = ["train.compile=true", "train.steps=2", "run.name=cached"]
+    s = Session(load_config(make_config(), sets), resume="never", progress=False)
+    try:
+        ws = s.parts.compile_cache
+        store = LocalStore(tmp_path / "store")
+        compile_store.push(store, "cached", ws.key, {}, cc.pack(b"artifacts", []), 0, "full", None)
+        placed = tmp_path / "inductor" / KERNEL_A
+        placed.parent.mkdir(parents=True)
+        placed.write_bytes(b"\x7fELF")
+        ws.kind, ws._placed = "warm", [placed]
+        monkeypatch.setattr(warmstart, "compiled_parts", lambda micro_loss: [SimpleNamespace(fell_back=True)])
+        ws.after_first_step(store, None, None)
+        assert ws.kind == "cold" and not placed.exists() and ws.pushed is None
+        assert store.read_text(compile_store.record_key("cached", ws.key)) is None
+        assert not (tmp_path / "store" / compile_store.blob_key("cached", ws.key)).exists()
+        assert "fell back to eager after loading it" in ws.push_note and "next session compiles cold" in ws.push_note
+    finally:
+        s.close()
 
 
 def test_bytes_torch_cannot_load_are_refused_in_one_line():
