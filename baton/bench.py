@@ -285,6 +285,13 @@ def run_grid(cfg: Config, attns: list[Attn], seqs: list[int], micros: list[int],
         cfg.train.precision = precision_for(cfg, device)
     if cfg.train.threads:  # the threads `baton train` would use: the rate is the run's, whichever command measures it
         torch.set_num_threads(cfg.train.threads)
+    if device.type == "cpu" and cells:
+        # The process's first build and step grow its heap once (allocator arenas, kernels' buffers, imports done
+        # lazily): measured as RSS added, that charged the grid's first cell alone, so the cap's verdict depended
+        # on the grid's order. One untimed cell first, thrown away.
+        first = cells[0]
+        run_cell(cfg, Cell(first.attn, first.seq_len, first.micro_batch, first.grad_ckpt, False),
+                 tokens_per_step, device, 1, 1, None, target_tokens, ranks)
     for cell in cells:
         run_cell(cfg, cell, tokens_per_step, device, warmup, steps, cap, target_tokens, ranks)
         if progress:
@@ -320,8 +327,8 @@ def overrides(cell: Cell, cfg: Config, tokens_per_step: int | None = None, ranks
             out.append(f"model.max_seq_len={cell.seq_len}")
     if global_batch != cfg.train.global_batch:
         out.append(f"train.global_batch={global_batch}")
-    if cell.compile:
-        out.append("train.compile=true")
+    # Pinned both ways: train.compile = auto turns it on on a CUDA GPU, and an uncompiled cell is not that step.
+    out.append(f"train.compile={'true' if cell.compile else 'false'}")
     return out
 
 

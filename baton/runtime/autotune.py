@@ -49,6 +49,12 @@ def resolve(cfg: Config, device: torch.device, world: int) -> dict[str, Any]:
                           "\"fp16\", or \"auto\", which picks fp16 there)")
     setting = cfg.model.attn
     attn, how = attention.resolve(cfg, device, AUTOCAST.get(t.precision))
+    if how is not None and world > 1:
+        from . import dist
+
+        # A choice timed on each rank may differ between them (two kernels a tenth of a millisecond apart): every
+        # rank trains with rank 0's, the one recorded (and in the compile cache's key).
+        attn, how = dist.broadcast((attn, how))
     if how is not None:
         cfg.model.attn = attn
         notes["attn"] = how
