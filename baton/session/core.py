@@ -110,6 +110,7 @@ class Session:
             self.end_ledger(f"failed: {type(e).__name__}: {e}")
             raise
         self.state = TrainState(step=resumed.step, stats=resumed.stats, resumed_from=resumed.from_step,
+                                session_from=resumed.from_step,
                                 spikes=detector(cfg.train, resumed.stats.spike_window))
         self.metrics_path = p.run_dir / "metrics.jsonl"
         # The run's newest validation so far (the resumed checkpoint's metrics.jsonl holds it): what the summary
@@ -264,6 +265,8 @@ class Session:
                                     scaler=torch.amp.GradScaler(p.device.type, enabled=cfg.train.precision == "fp16"))
         r = resuming.resume(plain, "auto", self.allow_change)
         st.step, st.stats, st.resumed_from = r.step, r.stats, r.from_step
+        # The newest validation is the one of the rewound history (a later one scored a model gone back from).
+        st.val = newest_validation(read_rows(self.metrics_path)) if r.from_step else None
         st.spikes = detector(cfg.train, st.stats.spike_window)
         if r.shortened is not None or st.shortened is None:  # else: shortened here since, at the step gone back to
             st.shortened = r.shortened

@@ -189,7 +189,7 @@ def summary(s: Session, tokens_per_s: float) -> dict[str, Any]:
         "rollbacks": st.stats.rollbacks,
         "skipped_ranges": [list(r) for r in p.data.skipped],
         "checkpoints": s.checkpointer.saved,
-        "resumed_from_step": st.resumed_from,
+        "resumed_from_step": st.session_from,
         "stopped_by": st.stopped_by,
         "deadline": s.deadline,
         "world_size": p.world,
@@ -211,7 +211,7 @@ def requeue_plan(s: Session) -> dict[str, Any]:
         return {"slurm": None, "requeue": False}
     t = s.parts.cfg.train
     wanted, why = slurm.requeue_decision(t.requeue, t.max_requeues, job, s.state.stopped_by, s.state.step,
-                                         s.parts.total_steps, s.state.resumed_from or 0)
+                                         s.parts.total_steps, s.state.session_from or 0)
     if wanted and s.parts.dist.is_main:
         fields = slurm.show_job(job.job_id, strict=False)
         already = slurm.already_requeued(job, fields) if fields else None

@@ -15,7 +15,10 @@ __all__ = ["Stats", "TrainState"]
 class TrainState:
     step: int = 0  # optimizer steps done: the next step trains global batch ``step``
     stats: Stats = field(default_factory=Stats)  # the counters that travel in every checkpoint
-    resumed_from: int | None = None  # the step of the verified checkpoint this session started from
+    resumed_from: int | None = None  # the step of the verified checkpoint last loaded (a rollback's, since one)
+    # The step of the checkpoint this session started from (None: step 0): what the summary and a requeue say it
+    # began at, a rollback's reload notwithstanding.
+    session_from: int | None = None
     stopped_by: str | None = None  # why the session stopped before its stop step (signal, time budget)
     peak_train: int = 0  # this rank's memory high-water marks, bytes
     peak_eval: int = 0

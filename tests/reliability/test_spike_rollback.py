@@ -81,6 +81,8 @@ def test_rollback_skips_the_garbage_and_resumes_exactly_when_killed(spiked, tmp_
     steps = [r["step"] for r in trace_a if "event" not in r]
     assert steps == [*range(1, 16), *range(16, 31)]  # the spiking step's row went with its lost work
     assert not any("spike_score" in r for r in trace_a)  # after the skip, nothing spikes
+    # The session started at step 0: the rollback's reload does not make the summary (or a requeue) say otherwise.
+    assert json.loads((runs / "a" / "run_summary.json").read_text())["resumed_from_step"] is None
 
     rng = random.Random()
     k1, k3 = rng.randint(6, 12), rng.randint(18, 26)
