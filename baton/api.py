@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import faults
 from .errors import BatonError, ConfigError
 
 if TYPE_CHECKING:
@@ -279,19 +280,26 @@ def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = N
                                                  take_over), stream_output)
         _requeue(summary)
         return summary
-    from .loop import run
-    from .runtime import dist, logs
+    from .session.clock import HeldSignals
 
-    # This rank's log file from the start, so a failure before training still lands in it.
-    logs.setup(rank, cfg.run_dir / "logs")
-    summary = run(cfg, resume=resume, stop_after=stop_after_steps, progress=progress, deadline=stop_at,
-                  started=started, allow_change=allowed, take_over=take_over)
-    dist.shutdown()  # a clean exit leaves no process group behind (NCCL warns, and may hang, otherwise)
-    at_horizon = summary.get("steps_done") == summary.get("total_steps")  # not a periodic validation
-    if at_horizon and summary.get("val_loss") is not None and rank == 0:
-        print(f"final validation: loss {summary['val_loss']:.4f}, perplexity {summary['val_ppl']:.2f}")
-    if not launched:  # a rank of a launch leaves it to its launcher
-        _requeue(summary)
+    # A stop signal before the session listens (the imports below) is handed to it; one after it closed finds the
+    # work done: neither ends the process at once.
+    with HeldSignals():
+        from .loop import run
+        from .runtime import dist, logs
+
+        # This rank's log file from the start, so a failure before training still lands in it.
+        logs.setup(rank, cfg.run_dir / "logs")
+        faults.point("session.start")
+        summary = run(cfg, resume=resume, stop_after=stop_after_steps, progress=progress, deadline=stop_at,
+                      started=started, allow_change=allowed, take_over=take_over)
+        faults.point("session.closed")
+        dist.shutdown()  # a clean exit leaves no process group behind (NCCL warns, and may hang, otherwise)
+        at_horizon = summary.get("steps_done") == summary.get("total_steps")  # not a periodic validation
+        if at_horizon and summary.get("val_loss") is not None and rank == 0:
+            print(f"final validation: loss {summary['val_loss']:.4f}, perplexity {summary['val_ppl']:.2f}")
+        if not launched:  # a rank of a launch leaves it to its launcher
+            _requeue(summary)
     return summary
 
 

@@ -193,8 +193,57 @@ class StopSignals:
                 self._old[s] = signal.signal(s, self._handler)
         except ValueError:  # not the main thread (embedded use): no signal handling
             self.restore()
+            return
+        held = HeldSignals.current
+        if held is not None and held.signum is not None and self.signum is None:
+            # It came while the process was still starting (its imports): the session stops at its first boundary.
+            self.signum, self.at, held.signum = held.signum, held.at, None
+            log.warning("received %s while starting: will stop at the first step boundary and exit 0",
+                        signal.Signals(self.signum).name)
 
     def restore(self) -> None:
         for s, h in self._old.items():
             signal.signal(s, h)
         self._old = {}
+
+
+class HeldSignals:
+    """Around a session in a process of its own (``baton train``): the stop signals that arrive while no session
+    listens, during the imports and set-up before it and the booking and printing after it. One before is handed
+    to the session (it stops at its first boundary); one after finds the work done and is only noted. Without this,
+    either ended the process at once with status 143. A repeat after the duplicate window exits at once, as in a
+    session. The handlers the process had come back on exit (``with HeldSignals():``)."""
+
+    current: HeldSignals | None = None
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.at = 0.0
+        self._old: dict[int, Any] = {}
+
+    def _handler(self, signum, frame) -> None:
+        now = time.monotonic()
+        if self.signum is not None and now - self.at >= DUPLICATE_SIGNAL_S:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        if self.signum is None:
+            self.signum, self.at = signum, now
+            log.info("received %s outside a training session: noted", signal.Signals(signum).name)
+
+    def __enter__(self) -> HeldSignals:
+        try:
+            for s in STOP_SIGNALS:
+                if s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN:
+                    continue
+                self._old[s] = signal.signal(s, self._handler)
+        except ValueError:  # not the main thread: nothing held
+            return self
+        HeldSignals.current = self
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+        self._old = {}
+        HeldSignals.current = None

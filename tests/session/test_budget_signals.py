@@ -239,3 +239,27 @@ def test_a_timed_checkpoint_is_not_due_while_the_last_one_is_still_pushing(make_
     steps = [c["step"] for c in rec["checkpoints"]]
     assert len(steps) >= 3 and steps[-1] == 150, steps
     assert all(b - a >= 2 for a, b in zip(steps, steps[1:])), steps
+
+
+@pytest.mark.parametrize("point", ["session.start", "session.closed"])
+def test_a_stop_signal_outside_the_session_exits_0(point, make_config, baton_cli, tmp_path):
+    """Before the session listens (the process still starting) a SIGTERM is handed to it: it stops at its first
+    boundary. After it closed (the run complete, the summary being printed) the work is done. Either ended the
+    process at once with status 143."""
+    cfg = str(make_config())
+    trace = tmp_path / "trace"
+    proc = baton_cli.start("train", "-c", cfg, "--no-progress",
+                           env={"BATON_FAULT_PAUSE": f"{point}=2", "BATON_FAULT_TRACE": str(trace)})
+    deadline = time.time() + 240
+    while not (trace.exists() and any(line.split()[0] == point for line in trace.read_text().splitlines())):
+        assert proc.poll() is None and time.time() < deadline, f"{point} was not reached"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    done = proc.wait(timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "runs" / "test" / "run_summary.json").read_text())
+    if point == "session.start":
+        assert summary["stopped_by"] == "SIGTERM" and summary["steps_done"] == 0
+        assert "received SIGTERM while starting: will stop at the first step boundary" in done.stderr
+    else:
+        assert summary["steps_done"] == summary["total_steps"] and "final validation:" in done.stdout
