@@ -22,19 +22,23 @@ def pick_device(spec: str) -> torch.device:
     return cuda.indexed(device) if device.type == "cuda" else device
 
 
-def rank_device(device: torch.device, local_rank: int, under_torchrun: bool) -> torch.device:
-    """The GPU this process trains on: under torchrun the one of its local rank (one process per GPU); in a
-    single process the one ``train.device`` names (``cuda`` alone: GPU 0), so two single-GPU runs on one
-    machine can each have their own. It becomes the current device: kernels and memory counters that take
-    no device argument then mean this one."""
+def rank_device(spec: str, local_rank: int, under_torchrun: bool) -> torch.device:
+    """The GPU this process trains on, from ``train.device`` as written: under torchrun the one of its local
+    rank (one process per GPU); in a single process the one ``train.device`` names (``cuda`` or ``auto``: the
+    current GPU, 0 in a fresh process), so two single-GPU runs on one machine can each have their own. It
+    becomes the current device: kernels and memory counters that take no device argument then mean this one.
+
+    It reads the spec, not a device ``pick_device`` has indexed: under torchrun nothing has set the current GPU
+    yet, so an indexed ``auto`` would say ``cuda:0`` on every rank and look like a config naming one GPU."""
+    device = pick_device(spec)
     if device.type != "cuda":
         return device
     if under_torchrun:
-        if device.index is not None and device.index != local_rank:
-            raise ConfigError(f"train.device='cuda:{device.index}' names one GPU, but under torchrun each rank trains "
+        named = None if spec in ("auto", "cuda") else torch.device(spec).index
+        if named is not None and named != local_rank:
+            raise ConfigError(f"train.device='cuda:{named}' names one GPU, but under torchrun each rank trains "
                               f"on the GPU of its local rank (this one: cuda:{local_rank}); set train.device = "
                               "\"cuda\" or \"auto\", and choose the GPUs with CUDA_VISIBLE_DEVICES")
-        index = local_rank
-    else:
-        index = 0 if device.index is None else device.index
-    return cuda.set_current(index)
+        # dist.init has checked that this node has a GPU for every local rank
+        return cuda.set_current(local_rank)
+    return cuda.set_current(device)

@@ -89,11 +89,10 @@ def build(cfg: Config, stop_after: int | None, started: float, deadline: float |
     writes through a store the lease fences; a failure after that releases it again."""
     if cfg.train.deterministic:
         determinism.enable()  # before anything touches the GPU
-    device = pick_device(cfg.train.device)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    info = dist.init(device.type, cfg.train.dist_timeout)
-    device = rank_device(device, info.local_rank, dist.under_torchrun())
+    info = dist.init(pick_device(cfg.train.device).type, cfg.train.dist_timeout)
+    device = rank_device(cfg.train.device, info.local_rank, dist.under_torchrun())
     attention.check(cfg.model.attn, device)  # one line now, not a kernel error after set-up
     features.check(cfg, info.world)  # what this torch lacks (Muon, FSDP2), said before anything is written
     logs.setup(info.rank, cfg.run_dir / "logs")

@@ -61,8 +61,10 @@ def test_no_call_site_passes_a_device_to_torch_cuda_unrouted():
 class StrictCuda:
     """A stand-in for the torch.cuda functions baton calls: one GPU, and a device argument must name its index."""
 
-    def __init__(self):
+    def __init__(self, gpus: int = 1):
         self.calls: list[tuple[str, object]] = []
+        self.gpus = gpus
+        self.current = 0  # as in a fresh process: torchrun sets no current GPU, every rank starts on 0
 
     def _index(self, name: str, device) -> int:
         self.calls.append((name, device))
@@ -78,10 +80,10 @@ class StrictCuda:
         props = SimpleNamespace(total_memory=80 * gib, name="Stand-in GPU", major=9, minor=0)
         table = {
             "is_available": lambda: True,
-            "device_count": lambda: 1,
+            "device_count": lambda: self.gpus,
             "is_initialized": lambda: True,
-            "current_device": lambda: 0,
-            "set_device": lambda d: self._index("set_device", d) and None,
+            "current_device": lambda: self.current,
+            "set_device": lambda d: setattr(self, "current", self._index("set_device", d)),
             "get_device_capability": lambda d=None: (self._index("get_device_capability", d), (9, 0))[1],
             "get_device_name": lambda d=None: (self._index("get_device_name", d), "Stand-in GPU")[1],
             "get_device_properties": lambda d=None: (self._index("get_device_properties", d), props)[1],
@@ -130,7 +132,25 @@ def test_a_device_picked_for_training_always_names_its_gpu(strict_cuda):
 
     for spec in ("auto", "cuda", "cuda:0"):
         assert pick_device(spec) == torch.device("cuda", 0)
-    assert rank_device(torch.device("cuda"), 0, under_torchrun=False) == torch.device("cuda", 0)
+        assert rank_device(spec, 0, under_torchrun=False) == torch.device("cuda", 0)
+
+
+def test_under_torchrun_every_rank_trains_on_its_local_gpu_with_the_default_device(monkeypatch):
+    """torchrun sets no current GPU: rank 1 of a default config ("auto") must take cuda:1, not read the
+    current cuda:0 as a config that names one GPU."""
+    from baton.errors import ConfigError
+    from baton.runtime.device import rank_device
+
+    for spec in ("auto", "cuda", "cuda:1"):
+        strict = StrictCuda(gpus=2).install(monkeypatch)
+        assert rank_device(spec, 1, under_torchrun=True) == torch.device("cuda", 1)
+        assert strict.current == 1
+    StrictCuda(gpus=2).install(monkeypatch)
+    with pytest.raises(ConfigError, match=r"train.device='cuda:0' names one GPU.*this one: cuda:1"):
+        rank_device("cuda:0", 1, under_torchrun=True)
+    strict = StrictCuda(gpus=2).install(monkeypatch)
+    assert rank_device("cuda:1", 0, under_torchrun=False) == torch.device("cuda", 1) and strict.current == 1
+    assert rank_device("cpu", 1, under_torchrun=True) == torch.device("cpu")
 
 
 def test_the_memory_and_device_readings_of_the_commands_take_a_bare_cuda(strict_cuda, monkeypatch, tmp_path):
