@@ -125,6 +125,9 @@ def _lease_line(lease) -> str:
     who = f"session {lease['session']} on host {lease['host']} (pid {lease['pid']}), epoch {lease['epoch']}"
     if lease["released"]:
         return f"free: released by {who} at {lease['renewed']}"
+    if lease.get("ended"):
+        return (f"abandoned: {who} ended without releasing it (a kill or a crash on this machine); the next session "
+                "takes the run without asking")
     if lease["expires_in_s"] is None:  # a store that tells no age (the Hub)
         return (f"held by {who} since {lease['since']}, last renewed {lease['renewed']}; it expires "
                 f"{lease['ttl_s']:.0f} s after a renewal")

@@ -50,6 +50,21 @@ class Versioned:
     age: float | None = None
 
 
+# Two stamps of one clock at a second's resolution can read a second or so apart the wrong way round.
+CLOCK_SLACK_S = 2.0
+
+
+def store_age(now: float, stamp: float) -> float | None:
+    """An object's age from two readings of the store's own clock (its stamp, and now). A stamp in the future
+    (the clock stepped back, or a store copied with its timestamps by ``cp -p`` or ``rsync -t``) tells no age:
+    None, so expiry is judged by watching for a renewal, as where the store has no clock, never by an age
+    that would hold the object young for as long as the skew lasts."""
+    age = now - stamp
+    if age < -CLOCK_SLACK_S:
+        return None
+    return max(0.0, age)
+
+
 @runtime_checkable
 class Store(Protocol):
     def describe(self) -> str:

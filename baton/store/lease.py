@@ -41,6 +41,15 @@ from ..guard import shown
 from ..runs import split_run
 from .base import Store, Versioned
 
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def _awake_clock() -> float:
+    """Seconds on a clock that keeps counting while the machine sleeps (Linux's CLOCK_BOOTTIME; elsewhere the
+    monotonic clock): a holder whose VM was suspended past its lease must find it lapsed on waking, and the
+    monotonic clock stands still through a suspend."""
+    return time.clock_gettime(_BOOTTIME) if _BOOTTIME is not None else time.monotonic()
+
 log = logging.getLogger(__name__)
 
 LEASE = "lease"
@@ -159,7 +168,7 @@ class Lease:
     end."""
 
     def __init__(self, store: Store, run: str, session: str, ttl_s: float, started: float | None = None,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+                 clock: Callable[[], float] = _awake_clock, sleep: Callable[[float], None] = time.sleep):
         self.store = store
         self.run = run
         self.key = lease_key(run)

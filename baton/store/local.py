@@ -27,7 +27,7 @@ from typing import BinaryIO
 
 from ..errors import StoreError, WriteConflict
 from ..hashing import sha256_file
-from .base import ObjectInfo, RangeRead, Versioned, decode_text, safe_key, write_download
+from .base import ObjectInfo, RangeRead, Versioned, decode_text, safe_key, store_age, write_download
 from .retry import RetryPolicy, Transient, call
 
 # errno values a mount that is flapping or gone produces; everything else is a property of the folder.
@@ -38,10 +38,10 @@ TRANSIENT_ERRNOS = {errno.EIO, errno.ESTALE, errno.ETIMEDOUT, errno.EAGAIN, errn
 HASH_THREADS = max(1, min(4, (os.cpu_count() or 2) // 2))
 CHUNK = 8 << 20
 LOCK_SUFFIX = ".lock"  # the sibling a conditional write locks (fcntl: released by the kernel if its process dies)
-CLOCK_FILE = ".baton-clock"
+CLOCK_FILE = ".baton-clock"  # touched to read the store's clock (on a network mount: the file server's)
 # fcntl locks belong to the process (and closing any descriptor of the file drops them): the threads of one
 # process, whatever store object they hold, take turns here first.
-_CAS = threading.Lock()  # touched to read the store's clock (on a network mount: the file server's)
+_CAS = threading.Lock()
 
 
 class LocalStore:
@@ -145,7 +145,7 @@ class LocalStore:
                 return []
             found = []
             for p in sorted(start.rglob("*")):
-                if not p.is_file() or p.name.endswith((".partial", LOCK_SUFFIX)):
+                if not p.is_file() or p.name.endswith((".partial", LOCK_SUFFIX)) or p.name == CLOCK_FILE:
                     continue
                 key = p.relative_to(self.root).as_posix()
                 if key.startswith(prefix):
@@ -250,9 +250,11 @@ class LocalStore:
     @staticmethod
     def _clock(path: Path) -> float:
         """The store's clock now: the stamp its file system puts on a file touched now (the file server's own
-        clock on a network mount), so an age compares two stamps of one clock. The file touched is ``path``'s
-        lock sibling, next to it, which listings skip."""
-        p = path.with_name(path.name + LOCK_SUFFIX)
+        clock on a network mount), so an age compares two stamps of one clock. The file touched is the folder's
+        clock file, next to ``path``, which listings skip. Never the lock sibling: closing any descriptor of a
+        file drops every fcntl lock the process holds on it, so a read here would unlock another thread's
+        compare-and-rename half-way."""
+        p = path.with_name(CLOCK_FILE)
         with open(p, "a"):
             pass
         os.utime(p)
@@ -270,7 +272,7 @@ class LocalStore:
                 return None
             text = decode_text(data, key, self.describe())
             assert text is not None
-            return Versioned(text, _digest(data), max(0.0, self._clock(p) - stamp))
+            return Versioned(text, _digest(data), store_age(self._clock(p), stamp))
 
         return self._call(read, f"read of {key}")
 

@@ -31,7 +31,7 @@ from botocore.config import Config
 
 from ..errors import ConfigError, StoreError, WriteConflict
 from ..guard import shown, split_url
-from .base import ObjectInfo, RangeRead, Versioned, decode_text, safe_key, write_download
+from .base import ObjectInfo, RangeRead, Versioned, decode_text, safe_key, store_age, write_download
 from .retry import RetryPolicy, Transient, call
 
 MULTIPART_THRESHOLD = 1 << 30  # single PUTs stop at 5 GiB; parts also make a retry cheaper
@@ -371,7 +371,7 @@ class S3Store:
                 date = date.split("GMT,", 1)[0] + "GMT"
             if date and modified is not None:
                 try:
-                    age = max(0.0, (parsedate_to_datetime(date) - modified).total_seconds())
+                    age = store_age(parsedate_to_datetime(date).timestamp(), modified.timestamp())
                 except (TypeError, ValueError):
                     age = None
             return Versioned(text, str(r["ETag"]), age)

@@ -119,7 +119,9 @@ def lease_status(store, run: str) -> dict[str, Any] | None:
     left = None if age is None or rec.released else round(max(0.0, rec.ttl_s - age), 1)
     return {"session": rec.session, "host": rec.host, "pid": rec.pid, "since": rec.started, "epoch": rec.epoch,
             "renewed": rec.renewed, "age_s": None if age is None else round(age, 1), "ttl_s": rec.ttl_s,
-            "released": rec.released, "expires_in_s": left, "expired": left == 0.0, "took_over": rec.took_over}
+            "released": rec.released, "expires_in_s": left, "expired": left == 0.0, "took_over": rec.took_over,
+            # its process is gone (told for certain on the holder's own machine): the next session takes the run
+            "ended": not rec.released and rec.ended()}
 
 
 def data_status(cfg: Config, records: list[L.LedgerRecord]) -> dict[str, Any]:

@@ -222,3 +222,65 @@ def test_on_the_hub_every_commit_names_its_parent_and_a_fenced_sessions_commit_i
     assert backend.raw("r/ckpt/step-15/model.safetensors") == b"\1" * 4096
     assert json.loads(backend.raw(POINTER)) == {"step": 10, "epoch": 2}
     b.release()
+
+
+def test_reading_the_stores_clock_leaves_a_writers_lock_held(tmp_path):
+    """A holder's push thread reads the lease (its verify) while its renewal thread is inside the folder's
+    compare-and-rename: closing any descriptor of the locked file would drop the process's fcntl lock, and a
+    second machine's conditional write could then win on the same version as the renewal."""
+    import subprocess
+    import sys
+
+    import baton.store.local as local
+
+    store = LocalStore(tmp_path)
+    store.write_text("r/lease", "v0")
+    v0 = store.read_versioned("r/lease").version
+    inside, go = threading.Event(), threading.Event()
+    real = local._write_atomically
+
+    def held(dst, fill, *rest):
+        inside.set()
+        assert go.wait(60)
+        return real(dst, fill, *rest)
+
+    local._write_atomically = held
+    try:
+        writer = threading.Thread(target=lambda: store.write_if("r/lease", "renewed", v0))
+        writer.start()
+        assert inside.wait(60)
+        assert store.read_versioned("r/lease").text == "v0"  # the other thread's read, mid-write
+        probe = ("import fcntl, sys\nwith open(sys.argv[1], 'a+b') as f:\n    try:\n"
+                 "        fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n    except OSError:\n"
+                 "        print('held')\n    else:\n        print('free')\n")
+        got = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "r" / ("lease" + local.LOCK_SUFFIX))],
+                             capture_output=True, text=True, timeout=120)
+        assert got.stdout.strip() == "held", got.stderr
+    finally:
+        go.set()
+        writer.join(60)
+        local._write_atomically = real
+    assert store.read_text("r/lease") == "renewed"
+    assert list(store.list("r/")) == ["r/lease"]  # neither the lock nor the clock file is listed
+
+
+def test_a_lease_stamped_in_the_future_is_watched_not_held_for_the_skew(tmp_path):
+    """A stamp ahead of the store's clock (the file server's clock stepped back, a store copied with its
+    timestamps) tells no age: the contender watches the lease for one lifetime, as where a store has no
+    clock, and takes it when no renewal comes, instead of refusing for as long as the skew lasts."""
+    import os
+
+    store = LocalStore(tmp_path)
+    Lease(store, "r", "A", 30.0).acquire()  # A is alive (this process) and never renews
+    future = time.time() + 7200
+    os.utime(tmp_path / "r" / "lease", (future, future))
+    assert store.read_versioned("r/lease").age is None
+    now = [0.0]
+
+    def sleep(s):
+        now[0] += s
+
+    b = Lease(LocalStore(tmp_path), "r", "B", 30.0, clock=lambda: now[0], sleep=sleep)
+    b.acquire()
+    assert b.took_over["why"] == "expired" and now[0] >= 30.0
+    b.release()

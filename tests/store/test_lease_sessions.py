@@ -220,6 +220,9 @@ def test_the_next_session_after_a_kill_or_a_stop_takes_the_run(aim, reference, m
         a.kill(signal.SIGKILL)
         assert a.wait(30).returncode == -signal.SIGKILL
         lease = json.loads((store / "test" / "lease").read_text())
+        said = baton_cli("status", "-c", cfg).stdout
+        assert (f"lease: abandoned: session {lease['session']} on host {lease['host']} (pid {lease['pid']}), epoch "
+                f"{lease['epoch']} ended without releasing it") in said, said  # not "expires in 60 s"
         b = baton_cli("train", "-c", cfg, *ARGS)
     else:
         a.kill(signal.SIGTERM)
