@@ -181,6 +181,11 @@ def push_checkpoint(store: Store, run: str, local: Path, step: int, cursor: dict
     old, prev = _previous(store, run)  # read before anything is written: what this push may not undo
     if old is not None and step < old.step:
         check_not_behind(store, run, old, step)
+    # One read of the lease before the upload: a session taken over since its last renewal (renewals come a
+    # third of a lifetime apart) must not spend minutes writing a checkpoint into the new holder's run.
+    verify = getattr(store, "verify_lease", None)
+    if verify is not None:
+        verify()
     try:
         files, timings = push_folder(store, local, prefix, mode, create=True)
     except WriteConflict as e:
@@ -188,7 +193,6 @@ def push_checkpoint(store: Store, run: str, local: Path, step: int, cursor: dict
         # killed mid-upload. Only the lease's holder gets past ``verify_lease``; the folder is never verified
         # while it holds another's files, so it is cleared and pushed again, unless the pointer counts it as
         # verified: that one is the baton (or one to fall back to), never written over.
-        verify = getattr(store, "verify_lease", None)
         if verify is not None:
             verify()
         if old is not None and step in old.verified_steps() and missing_or_damaged(store, run, old) is None:

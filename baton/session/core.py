@@ -454,13 +454,14 @@ class Session:
             self.parts.compile_cache.close()  # a push in flight finishes; its outcome goes in the ledger's end
             self._book_startup()
         self.end_ledger(outcome, requeued)
-        if self.parts.lease is not None:
-            # Before the trackers' last write and before a SLURM requeue: the next session takes the run at once.
-            self.parts.lease.release()
         if self._bar is not None:
             self._bar.close()
         if self.trackers is not None:
-            self.trackers.close(complete=outcome == "completed")
+            self.trackers.close(complete=outcome == "completed")  # its last write to the run (trackers.json)
+        if self.parts.lease is not None:
+            # The session's last act on the run, after its last write (a session that takes the freed run
+            # must find nothing of this one's still arriving) and before a SLURM requeue.
+            self.parts.lease.release()
         attention.ORDER.leave()  # torch's own SDPA order again for whatever the process does next
         self._signals.restore()
 

@@ -284,3 +284,25 @@ def test_a_lease_stamped_in_the_future_is_watched_not_held_for_the_skew(tmp_path
     b.acquire()
     assert b.took_over["why"] == "expired" and now[0] >= 30.0
     b.release()
+
+
+def test_a_session_taken_over_between_renewals_uploads_no_checkpoint(backend, tmp_path):
+    """--take-over lands between two renewals of the old holder (a third of a lifetime apart): its next push
+    reads the lease first and is fenced before a byte of a checkpoint reaches the new holder's run."""
+    from baton.checkpoint.cycle import push_checkpoint
+
+    a = Lease(backend.store, "r", "A", 60.0)
+    a.acquire()
+    a.seal(POINTER)
+    b = Lease(another_client(backend), "r", "B", 60.0)
+    b.acquire(take_over=True)
+    assert a.lost is None  # A has not renewed since: nothing has told it yet
+    folder = tmp_path / "step-5"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(bytes(range(256)) * 64)
+    (folder / "state.json").write_text(json.dumps({"step": 5}))
+    with pytest.raises(Fenced, match=r"taken over by session B"):
+        push_checkpoint(FencedStore(backend.store, a), "r", folder, 5, {"n": 5})
+    assert not [k for k in backend.store.list("r/") if "/ckpt/" in k]
+    assert folder.is_dir()  # the local copy stays
+    b.release()

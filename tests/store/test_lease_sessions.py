@@ -270,3 +270,26 @@ def test_the_python_api_refuses_a_held_run_with_the_same_words(make_config, tmp_
     summary = baton.train(cfg, progress=False, take_over=True)
     assert summary["steps_done"] == 4
     assert holder.renew() is False and "taken over by session" in holder.lost
+
+
+def test_a_sessions_last_write_to_the_run_is_the_release_of_its_lease(make_config, monkeypatch):
+    """Whatever a session writes at its end (the ledger, the trackers' state) lands before its lease is released:
+    a session that takes the freed run at once must find nothing of this one's still arriving."""
+    import baton
+    from baton.config import load_config
+    from baton.store.local import LocalStore
+
+    writes: list[tuple[str, str]] = []
+    for name in ("write_text", "write_if", "put_file", "delete"):
+        real = getattr(LocalStore, name)
+
+        def recorded(self, *args, _real=real, _name=name, **kwargs):
+            writes.append((_name, args[1] if _name == "put_file" else args[0]))
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(LocalStore, name, recorded)
+    cfg = load_config(make_config(), ["train.steps=4", "log.backends=['jsonl']"])
+    assert baton.train(cfg, progress=False)["steps_done"] == 4
+    assert ("write_text", "test/trackers.json") in writes
+    assert writes[-1] == ("write_if", "test/lease"), writes[-6:]
+    assert json.loads(LocalStore(cfg.store.url).read_text("test/lease"))["released"] is True
