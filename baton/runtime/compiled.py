@@ -7,10 +7,15 @@ versions, after a minute of compiling). A failure to compile is a fact about the
 the first call that raises one of torch.compile's own errors (dynamo, fake tensors, the backend) is run
 again eagerly, said in one line, and every later call goes straight to the eager function. The failed call
 changed nothing (compilation happens before the graph runs), so repeating it is safe.
+
+That holds for the backward graph too only because it is compiled with the forward: AOTAutograd otherwise
+lowers it lazily, at the first ``.backward()``, outside this wrapper, where a failure would end the session.
+Where torch has no switch for that (before about 2.8), a backward that fails to compile still ends it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +38,15 @@ def is_compile_failure(e: BaseException) -> bool:
     return isinstance(e, TorchDynamoException) and not memory.is_oom(e)
 
 
+def _backward_compiled_now() -> contextlib.AbstractContextManager:
+    """AOTAutograd's backward compiled during the forward call (where a failure falls back), not lazily."""
+    from torch._functorch import config as functorch_config
+
+    if hasattr(functorch_config, "force_non_lazy_backward_lowering"):
+        return functorch_config.patch(force_non_lazy_backward_lowering=True)
+    return contextlib.nullcontext()
+
+
 class CompiledOrEager:
     """``fn`` compiled with ``backend``; after a compile failure, ``fn`` itself. ``fell_back`` says why, or None."""
 
@@ -45,7 +59,8 @@ class CompiledOrEager:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.fell_back is None:
             try:
-                return self.compiled(*args, **kwargs)
+                with _backward_compiled_now():
+                    return self.compiled(*args, **kwargs)
             except Exception as e:  # noqa: BLE001 - sorted below: only a failure to compile is taken here
                 if not is_compile_failure(e):
                     raise

@@ -79,6 +79,25 @@ def test_after_a_failed_compile_every_call_is_eager_and_equal_to_eager():
     assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[1][1]))
 
 
+def test_a_backward_graph_that_fails_to_compile_falls_back_too():
+    """AOTAutograd lowers the backward lazily, at the first ``.backward()``, outside the wrapper: a code generator
+    failing there (an inductor or Triton error in the backward graph) would end the session. It is compiled with
+    the forward instead, so the failure falls back like any other, with the eager numbers."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    if not hasattr(torch._functorch.config, "force_non_lazy_backward_lowering"):
+        pytest.skip(f"torch {torch.__version__} lowers the backward lazily, always")
+    backend = aot_autograd(fw_compiler=lambda gm, example_inputs: gm, bw_compiler=_backend_that_fails)
+    m, x, y = tiny_batch()
+    grads = []
+    for fn in (micro_loss_fn(None, compiled=False), micro_loss_fn(None, compiled=True, backend=backend)):
+        model = build_model(m, "cpu", seed=0)
+        fn(model, x, y).backward()
+        grads.append([p.grad for p in model.parameters()])
+    assert fallbacks(fn) and all(": eager (BackendCompilerFailed" in n for n in fallbacks(fn)), fallbacks(fn)
+    assert_tensors_equal(dict(enumerate(grads[0])), dict(enumerate(grads[1])))
+
+
 def test_an_error_of_the_computation_itself_is_not_taken_for_a_compile_failure():
     def broken(t):
         raise ValueError("a real bug in the step")
