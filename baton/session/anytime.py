@@ -202,6 +202,13 @@ def _on_main(s: Session, step: int, start: bool) -> Outcome | None:
         if rate is None:
             _once(watch, "rate", f"anytime: no forecast at step {step} yet ({rate_src}): the horizon stays "
                                  f"{p.total_steps} steps until a session measures one")
+            if b.anytime and not cfg.train.ckpt_every and not b.ckpt_minutes:
+                # Decisions come before checkpoints: with none along the way, the next is this session's end, too
+                # late for a quota that ends inside it to be met with a cooled-down model.
+                _once(watch, "cadence", "anytime: no checkpoint cadence (train.ckpt_every = 0, budget.ckpt_minutes = "
+                                        "0), so the next decision comes at this session's end, too late to anneal "
+                                        "within it should the quota end first: set budget.ckpt_minutes (\"auto\" "
+                                        "chooses it) or train.ckpt_every")
             return None
         relay = relay_input(b, p.total_steps, cfg.tokens_per_step, cfg.train.ckpt_every, step, bk.records, rate,
                             rate_src, bk.now, billed=bk.billed)

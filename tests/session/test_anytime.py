@@ -244,3 +244,20 @@ def test_the_records_keep_a_shortening_and_the_decisions():
     for bad in ({**event, "action": "lengthened"}, {**event, "horizon_to": "10"}, {**event, "billed_hours": "x"}):
         with pytest.raises(ValueError):
             LedgerRecord.from_json({**led, "anytime": [bad]})
+
+
+def test_anytime_without_a_checkpoint_cadence_says_the_first_session_cannot_anneal_in_time(make_config, capsys):
+    """Anytime mode decides at a session's start and before each checkpoint. A first session has no measured rate
+    at its start; with no cadence its next decision is its own end, so a quota ending inside it would end on the
+    plateau: said at the start, with the setting that fixes it."""
+    said = []
+    for cadence in ([], ["budget.ckpt_minutes=30"], ["train.ckpt_every=2"]):
+        cfg = load_config(make_config(), ["train.steps=4", "budget.anytime=true", "budget.cap_hours=1",
+                                          "budget.session_hours=1", f"run.name=c{len(said)}", *cadence])
+        run(cfg, stop_after=2, progress=False)
+        said.append(_anytime_lines(capsys.readouterr().err))
+    assert said[0][0].startswith("anytime: no forecast at step 0 yet")
+    assert said[0][1] == ("anytime: no checkpoint cadence (train.ckpt_every = 0, budget.ckpt_minutes = 0), so the "
+                          "next decision comes at this session's end, too late to anneal within it should the quota "
+                          "end first: set budget.ckpt_minutes (\"auto\" chooses it) or train.ckpt_every")
+    assert [len(lines) for lines in said] == [2, 1, 1]
