@@ -22,7 +22,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from urllib.parse import parse_qs, quote
+from urllib.parse import parse_qs, quote, urlsplit
 
 import huggingface_hub as hf
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
@@ -33,7 +33,7 @@ from ..errors import ConfigError, StoreError, WriteConflict
 from ..guard import split_url
 from . import hubhttp
 from .base import ObjectInfo, RangeRead, Versioned, decode_text, safe_key, write_download
-from .retry import RetryPolicy, Transient, call
+from .retry import RetryPolicy, Transient, call, unresolved_error
 
 
 def _git_oid(data: bytes) -> str:
@@ -74,6 +74,8 @@ class HubStore:
         self.api = HfApi(endpoint=endpoint, token=token)
         self.endpoint = self.api.endpoint.rstrip("/")
         self._token = token or hf.get_token()
+        self._reached = False  # whether the Hub has answered a call of this client yet
+        hubhttp.quiet_library_retries()
         # Fencing (``fence``): every commit names its parent, so this client's commits form one unbroken line on
         # the branch; ``_line`` holds the commits from which every later one up to ``_last`` is this client's.
         self._on_moved: Callable[[], str] | None = None
@@ -129,6 +131,9 @@ class HubStore:
         return text.replace(self._token, "***") if self._token and len(self._token) >= 8 else text
 
     def _classify(self, e: Exception) -> Exception:
+        unresolved = unresolved_error(e, self._reached, urlsplit(self.endpoint).hostname or self.endpoint)
+        if unresolved is not None:
+            return unresolved
         seen: BaseException | None = e
         while seen is not None:
             if isinstance(seen, RepositoryNotFoundError):
@@ -163,7 +168,9 @@ class HubStore:
 
     def _call(self, fn, what: str):
         self._bound_timeout()
-        return call(fn, what, self.describe(), self._classify, self.retry)
+        out = call(fn, what, self.describe(), self._classify, self.retry)
+        self._reached = True  # the Hub has answered: its name resolves
+        return out
 
     def _url(self, key: str) -> str:
         prefix = {"model": "", "dataset": "datasets/"}[self.repo_type]

@@ -9,6 +9,7 @@ and nothing imports a client library that is not there.
 from __future__ import annotations
 
 import importlib
+import logging
 from functools import cache
 from types import ModuleType
 from typing import Any
@@ -31,3 +32,24 @@ def transport_errors() -> tuple[type[BaseException], ...]:
 def timeout(seconds: float) -> Any:
     """The client's timeout object: ``seconds`` for each read and write, connecting bounded at 15 s."""
     return client_library().Timeout(seconds, connect=min(15.0, seconds))
+
+
+class _LibraryRetries(logging.Filter):
+    """The library's own retry lines ("... thrown while requesting GET ...", "Retrying in 8s [Retry 4/5]"): baton
+    retries the call around it and says so in its own words, once per attempt; these would repeat every attempt
+    five times over."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        said = record.getMessage()
+        return not (record.levelno <= logging.WARNING and
+                    (" thrown while requesting " in said or said.startswith(("Retrying in ", "Rate limited. Waiting"))))
+
+
+_QUIET = _LibraryRetries()
+
+
+def quiet_library_retries() -> None:
+    """Keep the library's per-try retry lines out of baton's output (idempotent)."""
+    logger = logging.getLogger("huggingface_hub.utils._http")
+    if _QUIET not in logger.filters:
+        logger.addFilter(_QUIET)

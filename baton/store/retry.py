@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,33 @@ from ..errors import StoreError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+# getaddrinfo's answers for a name that has no address: a wrong host, or a machine with no working DNS.
+# ("Temporary failure in name resolution", EAI_AGAIN, stays a fault worth another try.)
+_NO_SUCH_NAME = {getattr(socket, n) for n in ("EAI_NONAME", "EAI_NODATA") if hasattr(socket, n)}
+
+
+def unresolved_host(e: BaseException) -> str | None:
+    """The resolver's words when ``e`` (or what caused it) is a host name that does not resolve, else None."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, socket.gaierror) and seen.errno in _NO_SUCH_NAME:
+            return str(seen)
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def unresolved_error(e: BaseException, reached: bool, host: str) -> StoreError | None:
+    """A store whose host has not resolved once in this process: a wrong name, or a machine without a network.
+    Retrying that for minutes only hides it, so it is said at once. Once the store has answered, a name that stops
+    resolving is a hiccup of the resolver, retried like a dropped connection (a push at a session's end must
+    not give up on one)."""
+    why = None if reached else unresolved_host(e)
+    if why is None:
+        return None
+    return StoreError(f"the host {host} does not resolve ({why}): check the host name (store.url, its endpoint) and "
+                      "this machine's network and DNS")
 
 
 class Transient(Exception):

@@ -22,7 +22,7 @@ import os
 import re
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 import boto3
 import botocore.exceptions as bx
@@ -32,7 +32,7 @@ from botocore.config import Config
 from ..errors import ConfigError, StoreError, WriteConflict
 from ..guard import shown, split_url
 from .base import ObjectInfo, RangeRead, Versioned, decode_text, safe_key, store_age, write_download
-from .retry import RetryPolicy, Transient, call
+from .retry import RetryPolicy, Transient, call, unresolved_error
 
 MULTIPART_THRESHOLD = 1 << 30  # single PUTs stop at 5 GiB; parts also make a retry cheaper
 PART_SIZE = 128 << 20
@@ -77,6 +77,7 @@ class S3Store:
         self.endpoint = endpoint
         self.retry = retry or RetryPolicy()
         self.send_checksum = send_checksum
+        self._reached = False  # whether the server has answered a call of this client yet
         self.multipart_threshold = MULTIPART_THRESHOLD
         self.part_size = PART_SIZE
         try:
@@ -152,6 +153,10 @@ class S3Store:
         return text
 
     def _classify(self, e: Exception) -> Exception:
+        endpoint = self.client.meta.endpoint_url
+        unresolved = unresolved_error(e, self._reached, urlsplit(endpoint).hostname or endpoint)
+        if unresolved is not None:
+            return unresolved
         if isinstance(e, bx.ClientError):
             err = e.response.get("Error", {})
             code = str(err.get("Code", ""))
@@ -185,7 +190,9 @@ class S3Store:
         return e
 
     def _call(self, fn, what: str):
-        return call(fn, what, self.describe(), self._classify, self.retry)
+        out = call(fn, what, self.describe(), self._classify, self.retry)
+        self._reached = True  # the server has answered: its name resolves
+        return out
 
     def _put_args(self, sha256: str) -> dict:
         args: dict[str, object] = {"Metadata": {META_KEY: sha256}}

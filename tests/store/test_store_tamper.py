@@ -14,6 +14,7 @@ from baton.checkpoint.cycle import POINTER, local_manifest, push_checkpoint, pus
 from baton.checkpoint.pull import read_pointer
 from baton.errors import ResumeError, StoreError, VerificationError
 from baton.store import RetryPolicy
+from support.store_backends import FAST_RETRY
 
 SIZES = {"model.safetensors": 400_000, "optimizer.safetensors": 300_000, "state.json": 200}
 PREFIX = "run/ckpt/step-1"
@@ -279,3 +280,46 @@ def test_aws_configuration_that_cannot_be_used_is_one_store_error(env, moto_serv
     with pytest.raises(StoreError, match=r"the AWS configuration could not be used \(.*\): check AWS_PROFILE") as e:
         S3Store.from_url(f"s3://bucket/p?endpoint={moto_server.url}")
     assert "AKIAEXAMPLEKEY" not in str(e.value)
+
+
+def test_a_host_that_never_resolved_is_said_at_once_and_one_that_did_is_retried(make_backend, monkeypatch, caplog):
+    """A store host with no address (a typo, a machine with no DNS) is one line at once, not minutes of retries
+    and of the Hub library's own retry lines; once the store has answered, a name that stops resolving is a
+    resolver's hiccup, retried like a dropped connection."""
+    import socket
+
+    from baton.store.hub import HubStore
+    from baton.store.s3 import S3Store
+
+    real = socket.getaddrinfo
+    down: set[str] = set()
+
+    def getaddrinfo(host, *args, **kwargs):
+        if host in down:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    slow = RetryPolicy(attempts=5, base=0.5)
+    stores = {"127.0.0.1": [make_backend(kind, FAST_RETRY).store for kind in ("s3", "hub")],
+              "store.example.invalid": [S3Store.from_url("s3://b/p?endpoint=http://store.example.invalid:9", slow),
+                                        HubStore.from_url("hf://baton-test/dns", slow,
+                                                          endpoint="http://store.example.invalid:9")]}
+    down.add("store.example.invalid")
+    retried = retry_hook(None, lambda: None)
+    with caplog.at_level(logging.WARNING):
+        for store in stores["store.example.invalid"]:
+            with pytest.raises(StoreError, match=r"the host store.example.invalid does not resolve \(.*Name or service "
+                                                 r"not known\): check the host name \(store.url, its endpoint\) and "
+                                                 "this machine's network and DNS"):
+                store.read_text("run/latest.json")
+    assert not retried.fired
+    assert not [r for r in caplog.records if r.name.startswith("huggingface_hub")]
+    for store in stores["127.0.0.1"]:
+        assert store.read_text("run/latest.json") is None  # answered: the name resolves
+    down.add("127.0.0.1")
+    for store in stores["127.0.0.1"]:
+        with pytest.raises(StoreError, match=r"after 3 attempt\(s\).*looks down"):
+            store.read_text("run/latest.json")
+    logging.getLogger("baton.store.retry").removeHandler(retried)
+    assert retried.fired
