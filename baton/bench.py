@@ -30,15 +30,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from . import extras
 from .config import Attn, Config, Precision
 from .errors import BatonError
 from .model.llama import build_model, param_count
 from .model.optimizer import build_optimizer
-from .runtime import cuda
-from .runtime.autotune import resolve_precision
+from .runtime import cuda, fused_ce
+from .runtime.autotune import micro_loss_fn, resolve_precision
+from .runtime.compiled import fallbacks
 from .runtime.memory import is_oom
 
 log = logging.getLogger(__name__)
@@ -224,8 +224,14 @@ def _time_steps(cfg: Config, mcfg, cell: Cell, device: torch.device, warmup: int
     model = build_model(mcfg, device, seed=cfg.train.seed)
     model.train()
     opt = build_optimizer(model, cfg, device)  # the run's optimizer: AdamW, or Muon and AdamW
-    fwd = torch.compile(model) if cell.compile else model
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.precision)
+    if cell.compile:
+        # Compiled afresh, as a session compiles: graphs left by the cells before would be reused with dynamic
+        # shapes (dynamo's answer to a second shape), and past its recompile limit a cell ran eagerly.
+        torch._dynamo.reset()
+    # The session's own micro-loss: its fused head and cross-entropy, its compile scope, its fallback to eager.
+    micro_loss = micro_loss_fn(dtype, compiled=cell.compile, fused=cfg.train.fused_ce,
+                               scope=cfg.train.compile_scope)
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.train.precision == "fp16")
     g = torch.Generator().manual_seed(cfg.train.seed)
     ids = torch.randint(0, cfg.model.vocab_size, (cell.micro_batch, cell.seq_len + 1), generator=g).to(device)
@@ -237,10 +243,7 @@ def _time_steps(cfg: Config, mcfg, cell: Cell, device: torch.device, warmup: int
 
     def step(timed: bool = False) -> None:
         for _ in range(cell.accum):
-            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                logits = fwd(input_ids=x).logits
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
-            scaler.scale(loss / cell.accum).backward()
+            scaler.scale(micro_loss(model, x, y) / cell.accum).backward()
         scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or math.inf)
         if timed:
@@ -264,6 +267,8 @@ def _time_steps(cfg: Config, mcfg, cell: Cell, device: torch.device, warmup: int
     sync()
     seconds = time.perf_counter() - t0
     optim = sum(a.elapsed_time(b) / 1000 for a, b in marks) if on_gpu else sum(b - a for a, b in marks)
+    if fallbacks(micro_loss):
+        cell.reason = "; ".join(fallbacks(micro_loss))  # timed, but not compiled: said beside the numbers
     return seconds, optim
 
 
@@ -280,9 +285,13 @@ def run_grid(cfg: Config, attns: list[Attn], seqs: list[int], micros: list[int],
              compiles: list[bool], tokens_per_step: int, device: torch.device, warmup: int = 2, steps: int = 5,
              cap: int | None = None, target_tokens: int = 0, ranks: int = 1, progress=None) -> list[Cell]:
     cells = [Cell(a, s, m, c, k) for a in attns for s in seqs for m in micros for c in ckpts for k in compiles]
+    cfg = copy.deepcopy(cfg)
     if cfg.train.precision == "auto":  # timed as training runs it (bf16 or fp16 on a GPU), not as fp32
-        cfg = copy.deepcopy(cfg)
         cfg.train.precision = precision_for(cfg, device)
+    # The loss head as training runs it (auto: chunked on CUDA), resolved by the same rule.
+    t = cfg.train
+    t.fused_ce, _ = fused_ce.decide(t.fused_ce, device.type, t.fused_ce == "liger" and fused_ce.installed(), t.parallel)
+    fused_ce.refuse_liger_fp16(t.fused_ce, t.precision)
     if cfg.train.threads:  # the threads `baton train` would use: the rate is the run's, whichever command measures it
         torch.set_num_threads(cfg.train.threads)
     if device.type == "cpu" and cells:

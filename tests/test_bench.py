@@ -192,3 +192,30 @@ def test_the_muon_benchmark_widens_each_grid_until_its_best_is_interior():
     assert sorted(up)[-1] == pytest.approx(1.6e-4)
     assert bench_muon.beyond_edge({0.1: math.nan, 0.2: math.nan, 0.05: 3.0}) == pytest.approx(0.025)
     assert bench_muon.beyond_edge({0.01: 1.0}) == pytest.approx(0.005)
+
+
+def test_each_compiled_cell_is_the_sessions_step_compiled_afresh(make_config, monkeypatch):
+    """A cell times what `baton train` runs: the session's micro-loss (its fused loss head, its compile scope),
+    compiled anew for the cell. Compiled cells sharing one dynamo cache got graphs with dynamic shapes from the
+    second shape on, and past the recompile limit ran eagerly while labelled compiled."""
+    import torch
+
+    from baton import bench
+    from baton.runtime import compiled, fused_ce
+
+    graphs: list[bool] = []  # per graph handed to the backend: whether a size comes in as an input (dynamic)
+
+    def backend(gm, example_inputs):
+        graphs.append(any(not isinstance(t, torch.Tensor) for t in example_inputs))  # a size passed in
+        return gm.forward
+
+    kinds = []
+    real = fused_ce.micro_loss_fn
+    monkeypatch.setattr(compiled, "BACKEND", backend)
+    monkeypatch.setattr(fused_ce, "micro_loss_fn", lambda kind, *a, **k: kinds.append(kind) or real(kind, *a, **k))
+    cfg = load_config(make_config(), ["train.fused_ce=true", "train.compile_scope=model"])
+    cells = bench.run_grid(cfg, ["sdpa"], [32], [2, 4, 8], [False], [True], 256, torch.device("cpu"), warmup=1,
+                           steps=1)
+    assert [c.status for c in cells] == ["ok"] * 3 and not any(c.reason for c in cells)
+    assert kinds == ["chunked"] * 4  # the untimed first cell, then the grid's three
+    assert len(graphs) >= 3 and not any(graphs), graphs  # static shapes in every cell
