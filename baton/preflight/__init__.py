@@ -62,17 +62,22 @@ def run_preflight(config: str, out: Path, stages: list[str], scale: str = "tiny"
     ctx = Context(config, list(overrides), scale, out, store_url or cfg.store.url,
                   leg_steps or (4 if scale == "tiny" else 2), session_hours, list(resume_overrides))
     t0 = time.time()
-    for name in STAGES:
-        if name not in stages:
-            ctx.results[name] = StageResult(name, status="not proven", error="stage not selected").finish()
-            continue
-        log.info("preflight: %s ...", name)
-        started = time.time()
-        result = RUNNERS[name](ctx)
-        ctx.results[name] = result
-        _bill(ctx, name, started, result)
-        log.info("preflight: %s %s in %.1fs%s", name, result.status.upper(), result.seconds,
-                 f" ({result.error})" if result.error else "")
+    lease = _hold_scratch_runs(ctx, t0) if any(s in stages for s in SCRATCH_STAGES) else None
+    try:
+        for name in STAGES:
+            if name not in stages:
+                ctx.results[name] = StageResult(name, status="not proven", error="stage not selected").finish()
+                continue
+            log.info("preflight: %s ...", name)
+            started = time.time()
+            result = RUNNERS[name](ctx)
+            ctx.results[name] = result
+            _bill(ctx, name, started, result)
+            log.info("preflight: %s %s in %.1fs%s", name, result.status.upper(), result.seconds,
+                     f" ({result.error})" if result.error else "")
+    finally:
+        if lease is not None:
+            lease.release()
     _plot_throughput(ctx)
     _plot_forecast(ctx)
     rows = scorecard(ctx.results)
@@ -98,6 +103,36 @@ def run_preflight(config: str, out: Path, stages: list[str], scale: str = "tiny"
     if not keep_work:
         shutil.rmtree(ctx.work, ignore_errors=True)
     return doc
+
+
+# The stages that write scratch runs to the store (<run>-preflight-<stage>): each empties its prefix first.
+SCRATCH_STAGES = ("storage", "resume", "stop_probe")
+
+
+def _hold_scratch_runs(ctx: Context, started: float):
+    """The lease of ``<run>-preflight``, held while the stages run: two preflights of one run against one store
+    would empty and roll each other's scratch runs and both fail with a misleading error. The second is refused
+    in one line instead; a preflight whose process died frees them at once on its machine, elsewhere once its
+    lease expires."""
+    from ..errors import LeaseHeld
+    from ..planning.ledger import new_session_id
+    from ..store import open_store
+    from ..store.lease import Lease, read_lease
+
+    store = open_store(ctx.store_url)
+    name = f"{ctx.cfg.run.name}-preflight"
+    lease = Lease(store, name, new_session_id(started), ctx.cfg.store.lease_seconds, started=started)
+    try:
+        lease.acquire()
+    except LeaseHeld:
+        found = read_lease(store, name)
+        who = found[0].holder() if found is not None else "another session"
+        raise BatonError(f"another `baton preflight` of run {ctx.cfg.run.name!r} is using its scratch runs in "
+                         f"{store.describe()} ({who}): wait for it to end (one whose machine died frees them "
+                         "store.lease_seconds after its last renewal), or run this one under another run.name"
+                         ) from None
+    lease.start()
+    return lease
 
 
 def _bill(ctx: Context, name: str, started: float, result: StageResult) -> None:

@@ -170,3 +170,28 @@ def test_the_construct_stage_exercises_what_precision_auto_resolves_to(make_conf
     r = static.stage_construct(ctx)
     assert r.error is None and r.numbers["precision"]["configured"] == "auto"
     assert r.numbers["precision"]["tested"] == "bf16"
+
+
+def test_a_second_preflight_of_the_run_against_one_store_is_refused_in_one_line(preflight, make_config, baton_cli,
+                                                                                  tmp_path):
+    """Two preflights of one run against one store emptied and rolled each other's scratch runs and failed with a
+    misleading resume error. The first holds the lease of <run>-preflight while its stages run; the second is
+    refused before it touches anything, and the first's lease is released when it ends."""
+    from baton.store.lease import Lease, read_lease
+    from baton.store.local import LocalStore
+
+    store = LocalStore(tmp_path / "store")
+    other = Lease(store, "test-preflight", "the-other-preflight", 600.0)
+    other.acquire()  # a preflight running now, on this machine (this process is alive)
+    p = baton_cli("preflight", "-c", str(make_config()), "--out", str(tmp_path / "refused"), "--stages", "storage")
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines()[-1] == (
+        f"baton: error: another `baton preflight` of run 'test' is using its scratch runs in local store "
+        f"{tmp_path / 'store'} (session the-other-preflight on host {other.record.host} (pid {other.record.pid})): "
+        "wait for it to end (one whose machine died frees them store.lease_seconds after its last renewal), or run "
+        "this one under another run.name")
+    assert not (tmp_path / "refused" / "preflight.json").exists()
+    other.release()
+    p, doc, _, _ = preflight(stages="storage")
+    assert p.returncode == 0 and doc["stages"]["storage"]["status"] == "pass", p.stderr[-2000:]
+    assert read_lease(store, "test-preflight")[0].released
