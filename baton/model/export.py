@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,8 @@ def export_model(model: torch.nn.Module, tokenizer_file: Path, out: Path, eos_to
             model.generation_config.bos_token_id = eos_id
         # Llama's weights are saved under the names they have: transformers' table of renamings (built for every
         # model family it knows, seconds of regular expressions) has nothing to revert for them.
-        model.save_pretrained(str(out), save_original_format=False)
+        with library_bars_off():
+            model.save_pretrained(str(out), save_original_format=False)
     finally:
         model.config = original
     tok = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file), eos_token=eos_token, bos_token=eos_token)
@@ -45,6 +48,21 @@ def export_model(model: torch.nn.Module, tokenizer_file: Path, out: Path, eos_to
 
 
 MIN_TEMPERATURE = 1e-3
+
+
+@contextmanager
+def library_bars_off() -> Iterator[None]:
+    """transformers' own progress bars ("Writing model shards", "Loading weights") off for the call: baton says
+    what it wrote or loaded in its own lines, and --no-progress must leave no bar on the terminal or in a log."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
 
 
 def generate(folder: Path, prompt: str, max_new_tokens: int = 64, temperature: float = 0.8, seed: int = 0) -> str:
@@ -68,7 +86,7 @@ def generate(folder: Path, prompt: str, max_new_tokens: int = 64, temperature: f
         with reading(weights, "exported model folder's weights file", fix), safe_open(str(weights), "pt"):
             pass
     # transformers raises a different type for every way a folder can be damaged; only the loads are wrapped.
-    with reading(folder, "exported model folder", fix, also=(Exception,)):
+    with reading(folder, "exported model folder", fix, also=(Exception,)), library_bars_off():
         tok = AutoTokenizer.from_pretrained(str(folder))
         model = AutoModelForCausalLM.from_pretrained(str(folder), use_safetensors=True)
     model.eval()

@@ -211,7 +211,10 @@ def _loads(folder: Path) -> bool:
     try:
         from transformers import AutoModelForCausalLM
 
-        AutoModelForCausalLM.from_pretrained(str(folder), use_safetensors=True)  # never a pickle (.bin) file
+        from ..model.export import library_bars_off
+
+        with library_bars_off():
+            AutoModelForCausalLM.from_pretrained(str(folder), use_safetensors=True)  # never a pickle (.bin) file
         return True
     except Exception:
         return False

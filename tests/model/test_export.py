@@ -10,11 +10,14 @@ from baton.data.reader import WindowDataset
 
 def test_export_loads_generates_and_matches_val_loss(make_config, baton_cli, tmp_path, prepared_data):
     cfg = str(make_config())
-    baton_cli("train", "-c", cfg, "--no-progress", check=True)
+    # --no-progress leaves no bar, transformers' own included (the final export writes "model shards")
+    trained = baton_cli("train", "-c", cfg, "--no-progress", check=True)
+    assert "%|" not in trained.stderr, trained.stderr[-2000:]
     summary = json.loads((tmp_path / "runs" / "test" / "run_summary.json").read_text())
 
     out = tmp_path / "exported"
-    baton_cli("export", "-c", cfg, "--out", str(out), check=True)  # from the store's verified checkpoint
+    exported = baton_cli("export", "-c", cfg, "--out", str(out), check=True)  # from the store's verified checkpoint
+    assert "%|" not in exported.stderr, exported.stderr[-2000:]
     model = AutoModelForCausalLM.from_pretrained(str(out)).eval()
     tok = AutoTokenizer.from_pretrained(str(out))
 
@@ -34,6 +37,7 @@ def test_export_loads_generates_and_matches_val_loss(make_config, baton_cli, tmp
 
     p = baton_cli("sample", "--from", str(out), "--prompt", "import ", "--max-new-tokens", "8", check=True)
     assert p.stdout.startswith("import ")
+    assert "%|" not in p.stderr, p.stderr[-2000:]  # no "Loading weights" bar before the sample
 
 
 def test_run_summary_has_the_promised_fields(make_config, baton_cli, tmp_path):
