@@ -314,9 +314,12 @@ class TrainConfig(_Section):
         if isinstance(mb, int) and mb > 0 and gb % mb:
             out.append(f"train.global_batch={gb} is not a multiple of train.micro_batch={mb}")
         if min(self.steps, self.target_tokens) >= 0:  # a negative one is said by the bounds
-            if (self.steps > 0) == (self.target_tokens > 0):
+            if self.steps > 0 and self.target_tokens > 0:
                 out.append("set exactly one of train.steps and train.target_tokens (set train.steps = 0 to use "
                            "target_tokens)")
+            elif self.steps == 0 and self.target_tokens == 0:
+                out.append("the run has no horizon: train.steps and train.target_tokens are both 0 (set train.steps "
+                           "to the optimizer steps to train, or train.target_tokens to the tokens)")
             elif self.target_tokens and cfg.tokens_per_step > 0 and cfg.total_steps == 0:
                 out.append(f"train.target_tokens={self.target_tokens} is less than one step of "
                            f"{cfg.tokens_per_step} tokens")

@@ -27,6 +27,16 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{flat} (see `{self.prog} --help`)")
 
 
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The command line; a flag no parser knows is named with the help of the command it was given to (argparse
+    would point at `baton --help`, which lists commands, not their flags)."""
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:
+        flat = ' '.join(unknown).replace("\n", "\\n")
+        raise UsageError(f"unrecognized arguments: {flat} (see `baton {args.command} --help`)")
+    return args
+
+
 def _config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--config", "-c", required=required, help="TOML config file (see configs/)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -256,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     status = 1
     try:
         check_environment()
-        args = build_parser().parse_args(argv)
+        args = parse(argv)
         status = COMMANDS[args.command](args)
         sys.stdout.flush()  # here, where a reader that has gone is caught below, not in Python's exit
     except BatonError as e:
@@ -374,7 +384,8 @@ def cmd_eval(args) -> int:
     from ..evaluate.run import run_eval
 
     tasks = None if args.tasks is None else [t.strip() for t in args.tasks.split(",") if t.strip()]
-    record, key = run_eval(_load(args), args.step, args.files, tasks)
+    cfg = _load(args)
+    record, key = run_eval(cfg, args.step, args.files, tasks)
     h = record.heldout
     print(f"step {record.step}: held-out loss {h['loss']:.4f}, bits per byte {h['bits_per_byte']:.4f} over "
           f"{h['windows']} windows")
@@ -382,7 +393,9 @@ def cmd_eval(args) -> int:
         print(f"  {name}: loss {r['loss']:.4f}, bits per byte {r['bits_per_byte']:.4f} over {r['tokens']:,} tokens")
     for task, metrics in record.tasks.items():
         print(f"  {task}: " + ", ".join(f"{m} {v:.4f}" for m, v in metrics.items()))
-    print(f"written to {key}")
+    from ..store import open_store
+
+    print(f"written to {key} in {open_store(cfg.store.url).describe()}")  # a key in the store, not a local path
     return 0
 
 

@@ -132,3 +132,18 @@ def test_a_slurm_end_time_no_calendar_holds_is_one_line(make_config, monkeypatch
     monkeypatch.setenv("PATH", "/nonexistent")  # no scontrol: the environment's end time is all there is
     assert_input_error(run_in_process(["train", "-c", str(make_config())], capsys),
                        "SLURM_JOB_END_TIME=99999999999999 is not a time before the year 9000")
+
+
+def test_python_dash_m_baton_is_the_baton_command(tmp_path):
+    """Where the `baton` script is not on the PATH (a notebook's kernel, a venv not activated)."""
+    import subprocess
+    import sys
+
+    import baton
+
+    got = subprocess.run([sys.executable, "-m", "baton", "--version"], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
+    assert (got.returncode, got.stdout.strip()) == (0, f"baton {baton.__version__}"), got.stderr
+    bad = subprocess.run([sys.executable, "-m", "baton", "tarin"], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.startswith("baton: error: argument COMMAND: invalid choice: 'tarin'")

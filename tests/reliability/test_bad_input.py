@@ -120,6 +120,9 @@ CASES: list[tuple[str, Callable[[Ctx], list[str]], tuple[str, ...]]] = [
      ("train.precision='fp8' is not one of fp32, bf16, fp16",)),
     ("config-two-horizons", lambda c: ["config", "-c", c.edit_toml("steps = 20", "steps = 20\ntarget_tokens = 1000")],
      ("set exactly one of train.steps and train.target_tokens", "set train.steps = 0 to use target_tokens")),
+    ("config-no-horizon", lambda c: ["config", "-c", c.cfg, "--set", "train.steps=0"],
+     ("the run has no horizon: train.steps and train.target_tokens are both 0", "set train.steps to the optimizer "
+      "steps to train, or train.target_tokens to the tokens")),
     ("config-run-name", lambda c: ["config", "-c", c.edit_toml('name = "test"', 'name = "../escape"')],
      ("run.name='../escape' must be a plain name without '/'",)),
     ("config-store-scheme", lambda c: [*TRAIN, "-c", c.cfg, "--set", "store.url=ftp://host/x"],

@@ -97,7 +97,10 @@ CASES: list[tuple[str, Callable[[B], list[str]], tuple[str, ...]]] = [
     # ---- argparse's own errors, in the one-line form
     ("args-none", lambda c: [], ("the following arguments are required: COMMAND", "see `baton --help`")),
     ("args-command", lambda c: ["tarin"], ("invalid choice: 'tarin'", "choose from")),
-    ("args-unknown-flag", lambda c: ["config", "--bogus"], ("unrecognized arguments: --bogus",)),
+    ("args-unknown-flag", lambda c: ["config", "--bogus"], ("unrecognized arguments: --bogus",
+                                                            "see `baton config --help`")),
+    ("args-unknown-train-flag", lambda c: ["train", *_cfg(c), "--stop-afterr-steps", "5"],
+     ("unrecognized arguments: --stop-afterr-steps 5", "see `baton train --help`")),
     ("args-train-no-config", lambda c: ["train"], ("required: --config", "see `baton train --help`")),
     ("args-export-no-out", lambda c: ["export", *_cfg(c)], ("required: --out",)),
     ("args-sample-no-from", lambda c: ["sample"], ("required: --from",)),

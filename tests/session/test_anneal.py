@@ -118,6 +118,9 @@ def test_a_branch_reads_the_tokens_after_its_branch_point_and_leaves_the_main_ru
     assert f"run test/branches/{BRANCH} in" in out and "pointer: step 12 of 12" in out and "(run complete)" in out
     assert main(["eval", "-c", main_run, "--branch", BRANCH]) == 0
     assert (store / "test" / "branches" / BRANCH / "eval" / "12.json").is_file()
+    # the record's place, a key in the store, not a path beside the person reading it
+    assert capsys.readouterr().out.splitlines()[-1] == f"written to test/branches/{BRANCH}/eval/12.json in local " \
+                                                       f"store {store}"
     assert main(["eval", "-c", main_run, "--step", "8"]) == 0
     assert main(["export", "-c", main_run, "--branch", BRANCH, "--out", str(tmp_path / "exported")]) == 0
     assert (tmp_path / "exported" / "model.safetensors").read_bytes() == \

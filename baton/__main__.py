@@ -1,0 +1,7 @@
+"""``python -m baton``: the ``baton`` command, where the script is not on the PATH (a notebook's kernel)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
