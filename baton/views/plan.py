@@ -226,6 +226,11 @@ def _h(hours: float) -> str:
     return f"{hours:.2f}" if hours >= 1 else f"{hours:.4f}"
 
 
+def _h_short(hours: float) -> str:
+    """A headline's hours: tenths, and below an hour the digits that say it (never "0.0 h")."""
+    return f"{hours:,.1f}" if hours >= 1 else f"{hours:.3g}"
+
+
 def format_plan(p, src: dict[str, str]) -> str:
     i = p.input
     target = i.target_tokens or i.total_steps * i.tokens_per_step
@@ -234,7 +239,7 @@ def format_plan(p, src: dict[str, str]) -> str:
         f"tokens" + (f" (target {i.target_tokens:,})" if i.target_tokens else "")
         + (f"; planning from step {i.start_step:,} ({src.get('start_step', 'given')})" if i.start_step else ""),
         f"rate: {i.rate:,.0f} tok/s ({src.get('rate', 'given')}) = {i.step_seconds:.2f} s/step",
-        f"{target:,} tokens at {i.rate:,.0f} tok/s = {p.target_hours:.1f} h; the steps left take "
+        f"{target:,} tokens at {i.rate:,.0f} tok/s = {_h_short(p.target_hours)} h; the steps left take "
         f"{_h(p.stepping_hours)} h of stepping",
         f"sessions of {i.session_hours:g} h with {_h(i.margin_hours)} h margin = {_h(i.usable_seconds / HOUR)} h "
         f"usable; checkpoint cycle {i.ckpt_seconds:g} s ({src.get('ckpt', 'given')})"
@@ -252,7 +257,9 @@ def format_plan(p, src: dict[str, str]) -> str:
     lines += ["", "| session | steps | stop_after_steps | start | end | hours | billed h | note |",
               "|---|---|---|---|---|---|---|---|"]
     for s in p.sessions:
-        lines.append(f"| {s.index} | {s.start_step:,} → {s.stop_after_steps:,} | {s.stop_after_steps} | {iso(s.start)} "
+        # Both ends to the minute, rounded up alike: a session that starts as the last one ends is not printed
+        # starting a minute before it.
+        lines.append(f"| {s.index} | {s.start_step:,} → {s.stop_after_steps:,} | {s.stop_after_steps} | {iso_by(s.start)} "
                      f"| {iso_by(s.end)} | {_h(s.hours)} | {_h(s.billed_hours)} | {s.note} |")
     lines += ["", f"{len(p.sessions)} sessions, {_h(p.wall_hours)} h wall clock, {_h(p.billed_hours)} GPU-hours "
               f"billed; ETA {iso_by(p.eta)}"]

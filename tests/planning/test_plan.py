@@ -346,3 +346,21 @@ def test_a_step_that_fits_no_session_is_named_not_searched_for():
     assert str(e.value).startswith("a session of step 15527 alone needs 1054 s (524.3 s for the step, 327.2 s of "
                                    "startup and 2 checkpoint cycles of 101.3 s, the horizon export among them), "
                                    "more than the 999 s a session has: lengthen the session")
+
+
+def test_the_calendar_never_prints_a_session_starting_before_the_last_one_ends(capsys):
+    """Ends are rounded up to the minute (a deadline at the printed time is met); starts are rounded the same
+    way, so a session that begins as the last one ends is not shown a minute inside it. A headline under an
+    hour keeps its digits."""
+    from baton.cli import main
+
+    # 1.02 s a step: session ends fall inside minutes, not on them
+    assert main(["plan", "--target-tokens", "8192000", "--tokens-per-step", "8192", "--rate", "8000",
+                 "--session-hours", "0.05"]) == 0
+    out = capsys.readouterr().out
+    assert "8,192,000 tokens at 8,000 tok/s = 0.284 h;" in out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ") and "→" in line]
+    times = [(datetime.fromisoformat(r[3].replace("Z", "+00:00")), datetime.fromisoformat(r[4].replace("Z", "+00:00")))
+             for r in rows]
+    assert len(times) >= 5
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(times, times[1:])), times
