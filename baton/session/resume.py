@@ -87,7 +87,7 @@ def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
             _fresh_metrics(s)
             return Resumed(no_pointer=True)
         elif pointer.complete and pointer.step >= _complete_at(s, pointer):
-            return Resumed(complete=pointer, total_steps=pointer.step)
+            return Resumed(step=pointer.step, complete=pointer, total_steps=pointer.step)  # the ledger: N -> N
         else:
             log.info("auto-resume: %s says step %d at %s/%s", s.store.describe(), pointer.step, s.run, pointer.path)
         # One download per node; a folder per node, since nodes may share a file system (NFS home).

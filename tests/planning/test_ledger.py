@@ -156,3 +156,22 @@ def test_plans_take_the_warm_start_up_once_sessions_have_one():
     assert L.startup_seconds(recs[:1])[0] == 110.0
     assert L.startup_seconds([_started(t0, 42.0)]) == (42.0, f"measured (ledger, session s{t0.timestamp()})")
     assert L.startup_figure(5.0, recs) == (300.0, "config")
+
+
+def test_a_session_that_finds_the_run_complete_is_billed_at_the_runs_step(make_config, capsys):
+    """It trains nothing, and its record says so at the step the run ended on (4 -> 4), not 0 -> 0, which
+    read as a session that started the run over."""
+    import baton
+    from baton.cli import main
+    from baton.config import load_config
+
+    cfg = load_config(make_config(), ["train.steps=4"])
+    baton.train(cfg, progress=False)
+    assert baton.train(cfg, progress=False)["complete"] is True
+    records, problems = L.read_ledger(LocalStore(cfg.store.url), "test")
+    assert not problems and len(records) == 2
+    assert (records[1].steps_from, records[1].steps_to, records[1].outcome) == \
+        (4, 4, "nothing to do: the run is complete")
+    capsys.readouterr()
+    assert main(["ledger", "-c", str(make_config()), "--set", "train.steps=4"]) == 0
+    assert "| 4 → 4 |" in capsys.readouterr().out
