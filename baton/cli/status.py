@@ -4,6 +4,7 @@ cost, read from the store alone (no local state), so any machine can answer."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from ..config import Config
 from ..errors import BatonError
@@ -50,6 +51,10 @@ def run_status(args, cfg: Config) -> int:
     elif s["pointer_step"] is None and s.get("branch"):
         print(f"pointer: none: no verified checkpoint of the branch yet (the next `baton anneal` starts it from the main "
               f"run's step {s['branch']['step']:,}, to step {s['total_steps']:,})")
+    elif s["pointer_step"] is None and s.get("store_missing"):
+        print(f"pointer: none: the store's folder does not exist (a relative store.url is read from the current "
+              f"directory, {Path.cwd()}: run from the folder the run was started in, or give store.url as an "
+              "absolute path)")
     elif s["pointer_step"] is None:
         print(f"pointer: none: no verified checkpoint in the store yet (the next `baton train` starts at step 0 of "
               f"{s['total_steps']:,})")

@@ -4,6 +4,7 @@ pointer, verified checkpoints, tokens, skipped ranges, measured rate, ETA, the d
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ..config import Config
@@ -21,6 +22,10 @@ def status(cfg: Config, forecast_curve: bool = False) -> dict[str, Any]:
     run = cfg.run.name
     out: dict[str, Any] = {"run": run, "store": store.describe(), "total_steps": cfg.total_steps,
                            "tokens_per_step": cfg.tokens_per_step}
+    # A folder store that is not there holds no run, and most often is the wrong folder: a relative store.url
+    # is read from the current directory, not from the config's.
+    root = getattr(store, "root", None)
+    out["store_missing"] = isinstance(root, Path) and not root.is_dir()
     history = read_history(store, run, strict=False)
     pointer, records, problems = history.pointer, history.sessions, history.ledger_problems
     # The quota and the cap count every session billed to the run: the main run's and its branches'.

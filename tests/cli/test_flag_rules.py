@@ -147,3 +147,22 @@ def test_python_dash_m_baton_is_the_baton_command(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "baton", "tarin"], capture_output=True, text=True, timeout=300,
                          cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.startswith("baton: error: argument COMMAND: invalid choice: 'tarin'")
+
+
+def test_status_says_when_the_folder_store_it_reads_is_not_there(make_config, tmp_path, capsys, monkeypatch):
+    """A relative store.url is read from the current directory: run from elsewhere, status would report a run
+    with no checkpoint at all, which reads as a lost run. It says the folder is missing, and why that may be."""
+    from baton.cli import main
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["status", "-c", str(make_config()), "--set", "store.url=store"]) == 0
+    out = capsys.readouterr().out
+    assert (f"pointer: none: the store's folder does not exist (a relative store.url is read from the current "
+            f"directory, {elsewhere}: run from the folder the run was started in, or give store.url as an absolute "
+            "path)") in out
+    assert not (elsewhere / "store").exists()  # status reads; it creates nothing
+    (elsewhere / "store").mkdir()
+    assert main(["status", "-c", str(make_config()), "--set", "store.url=store"]) == 0
+    assert "pointer: none: no verified checkpoint in the store yet" in capsys.readouterr().out
