@@ -85,6 +85,10 @@ def train(s: Session) -> dict[str, Any]:
     s.progress()
     anytime.session_start(s)  # the forecast from here; in anytime mode, the horizon it allows
     s.stepping_begins()
+    if s.parts.stop_step <= step < s.parts.total_steps:
+        log.info("nothing to train: the run is at step %d, and this session stops at step %d (--stop-after-steps): "
+                 "give a later step, or leave it out to train on to the horizon (%d)", step, s.parts.stop_step,
+                 s.parts.total_steps)
     while step < s.parts.stop_step:
         b = s.agree(step)  # signal, time budget, timed cadence, the push in flight: agreed by all ranks
         if b.fenced:

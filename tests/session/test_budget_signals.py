@@ -263,3 +263,18 @@ def test_a_stop_signal_outside_the_session_exits_0(point, make_config, baton_cli
         assert "received SIGTERM while starting: will stop at the first step boundary" in done.stderr
     else:
         assert summary["steps_done"] == summary["total_steps"] and "final validation:" in done.stdout
+
+
+def test_a_stop_step_the_run_has_passed_trains_nothing_and_says_so(make_config, capsys):
+    """An earlier session's command run again (`--stop-after-steps 2` with the run at step 4): nothing to train,
+    exit as a stopped session, and one line naming what to give instead, not a silent success."""
+    from baton.config import load_config
+    from baton.loop import run
+
+    cfg = load_config(make_config(), ["train.steps=8"])
+    run(cfg, stop_after=4, progress=False)
+    capsys.readouterr()
+    summary = run(cfg, stop_after=2, progress=False)
+    assert summary["steps_done"] == 4
+    assert ("nothing to train: the run is at step 4, and this session stops at step 2 (--stop-after-steps): give a "
+            "later step, or leave it out to train on to the horizon (8)") in capsys.readouterr().err
