@@ -29,7 +29,7 @@ from ..runtime.flops import FlopsInfo, session_flops
 from ..runtime.parallel import Parallel
 from ..runtime.slurm import current_job
 from ..store import RetryPolicy, Store, open_store
-from ..store.lease import FencedStore, Lease
+from ..store.lease import FencedStore, Lease, refuse_if_held
 from .drift import check_before_pull, tokenizer_sha256
 from .warmstart import CompileCache, StartupClock
 
@@ -109,6 +109,10 @@ def build(cfg: Config, stop_after: int | None, started: float, deadline: float |
             f"{micro_batch} x {world} ranks (change micro_batch or the number of ranks)"
         )
     store = open_store(cfg.store.url, RetryPolicy.from_config(cfg.store))
+    if not take_over:
+        # A run another session is training is refused now, not after this one pulled its data (gigabytes, on an
+        # empty machine); the lease itself is taken below, once the data is there.
+        dist.on_main(lambda: refuse_if_held(store, cfg.run.name))
     startup = StartupClock(started)
     # The compile cache downloads in the background from here, beside the data and the checkpoint.
     cache = CompileCache(cfg, device, info, cfg.run_dir)

@@ -162,6 +162,19 @@ def refusal(run: str, rec: LeaseRecord, age: float | None) -> str:
             "that session is then fenced and stops at its next write")
 
 
+def refuse_if_held(store: Store, run: str) -> None:
+    """One read, before a session spends minutes on its set-up (the dataset's pull, the micro-batch probe): raise
+    LeaseHeld when the run's lease is live by the store's clock, with the words ``Lease.acquire`` would use.
+    Where the store tells no age (the Hub) or the holder may be gone, nothing is decided here: ``acquire``
+    judges it when the session takes the lease."""
+    found = read_lease(store, run)
+    if found is None:
+        return
+    rec, age = found
+    if not rec.released and not rec.ended() and age is not None and age < rec.ttl_s:
+        raise LeaseHeld(refusal(run, rec, age))
+
+
 class Lease:
     """This session's hold on the run (rank 0 only). ``acquire`` once, then ``start`` the renewals; ``check``
     (no request) before every write, ``verify`` (one read) before irreversible ones; ``release`` at a clean

@@ -293,3 +293,22 @@ def test_a_sessions_last_write_to_the_run_is_the_release_of_its_lease(make_confi
     assert ("write_text", "test/trackers.json") in writes
     assert writes[-1] == ("write_if", "test/lease"), writes[-6:]
     assert json.loads(LocalStore(cfg.store.url).read_text("test/lease"))["released"] is True
+
+
+def test_a_held_run_is_refused_before_the_session_pulls_its_data(make_config, tmp_path):
+    """The refusal comes from one read before the set-up: a second session on an empty machine does not first
+    pull the dataset (gigabytes) only to be refused. Here the dataset is not there at all, and the refusal is
+    still what the session says."""
+    import baton
+    from baton.config import load_config
+    from baton.errors import LeaseHeld
+    from baton.store.lease import Lease
+    from baton.store.local import LocalStore
+
+    cfg = load_config(make_config(), ["train.steps=4", f"data.dir={tmp_path / 'not-pulled-yet'}"])
+    holder = Lease(LocalStore(tmp_path / "store"), "test", "other-session", 600.0)
+    holder.acquire()
+    with pytest.raises(LeaseHeld, match=r"^run 'test' is being trained by session other-session on host "):
+        baton.train(cfg, progress=False)
+    assert not (tmp_path / "not-pulled-yet").exists()
+    holder.release()
