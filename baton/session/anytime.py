@@ -248,9 +248,11 @@ def _act(s: Session, step: int, c: Choice, relay: Relay) -> Outcome | None:
         log.debug("anytime: at step %d the %d-step horizon fits %s (%s)", step, h, end, now.numbers())
         return None
     if c.action == "defer":
+        # Inside the warmup there is no plateau yet: the learning rate still climbs to its peak.
+        going_on = "the plateau goes on" if step >= cfg.optim.warmup_steps else "the warmup goes on"
         (log.info if turned else log.debug)(
-            "anytime: at step %d the %d-step horizon no longer fits %s (%s); the plateau goes on: a cooldown from "
-            "step %d (horizon %d) still fits (%s)", step, h, end, now.numbers(), c.next_step, other.horizon,
+            "anytime: at step %d the %d-step horizon no longer fits %s (%s); %s: a cooldown from step %d (horizon "
+            "%d) still fits (%s)", step, h, end, now.numbers(), going_on, c.next_step, other.horizon,
             other.numbers())
         return None
     d = decay_begin(h, cfg.optim.decay_start)
