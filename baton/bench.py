@@ -36,8 +36,9 @@ from .config import Attn, Config, Precision
 from .errors import BatonError
 from .model.llama import build_model, param_count
 from .model.optimizer import build_optimizer
-from .runtime import cuda, fused_ce
+from .runtime import cuda, fused_ce, regional
 from .runtime.autotune import micro_loss_fn, resolve_precision
+from .runtime.chunked_ce import chunk_rows
 from .runtime.compiled import fallbacks
 from .runtime.memory import is_oom
 
@@ -114,7 +115,11 @@ def estimate_bytes(cfg: Config, cell: Cell) -> int:
     if cell.attn == "eager":
         per_layer += 2 * cell.micro_batch * m.n_heads * cell.seq_len * cell.seq_len * act  # scores + softmax
     layers = (t * m.hidden * act * m.n_layers + per_layer) if cell.grad_ckpt else per_layer * m.n_layers
-    logits = 3 * t * m.vocab_size * 4  # logits, their fp32 copy for the loss, and its gradient
+    # The logits, their fp32 copy for the loss, and its gradient: of the whole micro-batch, or with a fused loss
+    # head ("auto" counted unresolved: as unfused) of one chunk of rows at a time.
+    fused = cfg.train.fused_ce is True or cfg.train.fused_ce in ("chunked", "liger")
+    rows = min(t, chunk_rows(m.vocab_size)) if fused else t
+    logits = 3 * rows * m.vocab_size * 4
     return int(16 * p + layers + logits)
 
 
@@ -292,6 +297,8 @@ def run_grid(cfg: Config, attns: list[Attn], seqs: list[int], micros: list[int],
     t = cfg.train
     t.fused_ce, _ = fused_ce.decide(t.fused_ce, device.type, t.fused_ce == "liger" and fused_ce.installed(), t.parallel)
     fused_ce.refuse_liger_fp16(t.fused_ce, t.precision)
+    if t.compile_scope == "blocks" and not regional.supported():
+        t.compile_scope = "model"  # as the session does: this torch would compile every layer anew
     if cfg.train.threads:  # the threads `baton train` would use: the rate is the run's, whichever command measures it
         torch.set_num_threads(cfg.train.threads)
     if device.type == "cpu" and cells:

@@ -74,8 +74,8 @@ The run is sized for 9 minutes on an H100/H200, start-up included, and guarded: 
 (default 540) counts from this script's start; a case starts only while the budget holds the time it is
 known to need (compile: 120 s, others 15 to 45 s) and is otherwise reported as skipped for the budget, with
 the command that runs it alone; a case still running when the budget ends is stopped and reported as cut by
-the budget, with its wall time and the same command (not a failure: it measured nothing either way). Each row
-gives its wall time.
+the budget, with its wall time and the same command (not a failure: it measured nothing either way), and one
+still running after six times what it needs (two minutes at least) is stopped as hung (a failure). Each row gives its wall time.
 
 ``--smoke`` runs the same flow on CPU with a 2-layer model and a few steps (part of the test suite, so the
 script cannot rot): rows that need CUDA say "skipped: no CUDA", compile is skipped (minutes of CPU code
@@ -155,6 +155,9 @@ NEEDS_SECONDS = {"compile": 120.0, "compile_cache": 150.0, "cli": 150.0, "traine
                  # 100 steps at the reference shape and a session's set-up
                  "fp16": 45.0, "bf16": 45.0, "fp32": 45.0}
 NEEDS_SECONDS_DEFAULT = 15.0
+# A case still running after this many times what it needs, and at least HANG_MIN_SECONDS, is hung (generous:
+# a slow case taken for a hang costs its row, on a machine lent for minutes).
+HANG_FACTOR, HANG_MIN_SECONDS = 6, 120.0
 
 # Sizes per group: (GPU, smoke). steps: optimizer steps (precision, resume), measured steps after warmup
 # (speed, trainer).
@@ -830,13 +833,18 @@ def run_case(args, name: str, deadline: float) -> dict:
         return {**row, "status": f"skipped: budget: {left:.0f} of {args.budget_seconds:g} s left, it needs {need:g} "
                                  f"(run it alone: --cases {name})", "wall_seconds": 0.0}
     argv = ["--case", name, "--work", str(args.work)] + (["--smoke"] if args.smoke else [])
+    # A case far over what it is known to need is hung: stopped and failed, so it neither takes the rest of the
+    # budget nor passes for a case the budget cut. (On CPU, smoke times vary too much to tell.)
+    hang = None if args.smoke else max(HANG_MIN_SECONDS, HANG_FACTOR * need)
     t0 = time.monotonic()
     try:
-        p = run_forked(argv, left)
+        p = run_forked(argv, left if hang is None else min(left, hang))
     except subprocess.TimeoutExpired:
-        # Over its estimate when the budget ran out: what it would measure is unknown, not failed (a case that
-        # hangs shows here too, by its wall time; run it alone to tell which).
         wall = time.monotonic() - t0
+        if hang is not None and hang <= left:
+            return {**row, "status": "FAILED", "wall_seconds": wall,
+                    "note": f"hung: no result after {wall:.0f} s, where it needs about {need:g} s"}
+        # Over its estimate when the budget ran out: what it would measure is unknown, not failed.
         return {**row, "status": f"skipped: cut by the budget of {args.budget_seconds:g} s after {wall:.0f} s, over "
                                  f"the {need:g} s it was expected to need (run it alone: --cases {name})",
                 "wall_seconds": wall}

@@ -96,6 +96,17 @@ def test_estimates_and_sizes(make_config):
     eager, sdpa = Cell("eager", 1024, 1, False, False), Cell("sdpa", 1024, 1, False, False)
     assert estimate_bytes(cfg, eager) > estimate_bytes(cfg, sdpa)  # eager keeps the score matrices
     assert estimate_bytes(cfg, Cell("sdpa", 1024, 8, False, False)) > estimate_bytes(cfg, sdpa)
+    # A fused loss head holds the logits of one chunk of rows, not of the micro-batch: a cell under a cap is run.
+    from baton.runtime.chunked_ce import chunk_rows
+
+    ref = load_config("configs/ref-106m.toml")
+    big = Cell("sdpa", 1024, 32, False, False)
+    unfused = estimate_bytes(ref, big)
+    for setting in (True, "chunked", "liger"):
+        ref.train.fused_ce = setting
+        assert unfused - estimate_bytes(ref, big) == 3 * (32 * 1024 - chunk_rows(49152)) * 49152 * 4
+    ref.train.fused_ce = "auto"
+    assert estimate_bytes(ref, big) == unfused  # unresolved: counted as the larger
     assert parse_size("12GiB") == 12 * 1024**3 and parse_size("512MiB") == 512 * MiB
     assert parse_size("8GB") == 8 * 10**9 and parse_size("1000") == 1000
     with pytest.raises(BatonError):
@@ -219,3 +230,23 @@ def test_each_compiled_cell_is_the_sessions_step_compiled_afresh(make_config, mo
     assert [c.status for c in cells] == ["ok"] * 3 and not any(c.reason for c in cells)
     assert kinds == ["chunked"] * 4  # the untimed first cell, then the grid's three
     assert len(graphs) >= 3 and not any(graphs), graphs  # static shapes in every cell
+
+
+def test_a_torch_without_shared_compiled_blocks_is_timed_compiling_the_model_as_training_does(make_config,
+                                                                                              monkeypatch):
+    """Before torch 2.5 each layer's block would compile anew (past dynamo's recompile limit, partly eager):
+    the session compiles the model whole there, and so does the bench cell that stands for it."""
+    import torch
+
+    from baton import bench
+    from baton.runtime import regional
+
+    scopes = []
+    monkeypatch.setattr(bench, "_time_steps", lambda cfg, *a: scopes.append(cfg.train.compile_scope) or (1.0, 0.1))
+    cfg = load_config(make_config(), ["train.compile_scope=blocks"])
+    monkeypatch.setattr(regional, "supported", lambda: False)
+    bench.run_grid(cfg, ["sdpa"], [32], [4], [False], [True], 256, torch.device("cpu"), warmup=0, steps=1)
+    monkeypatch.setattr(regional, "supported", lambda: True)
+    bench.run_grid(cfg, ["sdpa"], [32], [4], [False], [True], 256, torch.device("cpu"), warmup=0, steps=1)
+    assert scopes == ["model", "model", "blocks", "blocks"]  # the untimed first cell, then the grid's
+    assert cfg.train.compile_scope == "blocks"  # the caller's config is left as it was

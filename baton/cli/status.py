@@ -52,9 +52,11 @@ def run_status(args, cfg: Config) -> int:
         print(f"pointer: none: no verified checkpoint of the branch yet (the next `baton anneal` starts it from the main "
               f"run's step {s['branch']['step']:,}, to step {s['total_steps']:,})")
     elif s["pointer_step"] is None and s.get("store_missing"):
-        print(f"pointer: none: the store's folder does not exist (a relative store.url is read from the current "
-              f"directory, {Path.cwd()}: run from the folder the run was started in, or give store.url as an "
-              "absolute path)")
+        relative = not cfg.store.url.startswith("file://") and not Path(cfg.store.url).is_absolute()
+        print("pointer: none: the store's folder does not exist " + (
+            f"(a relative store.url is read from the current directory, {Path.cwd()}: run from the folder the run "
+            "was started in, or give store.url as an absolute path)" if relative else
+            "(is its disk mounted? check store.url)"))
     elif s["pointer_step"] is None:
         print(f"pointer: none: no verified checkpoint in the store yet (the next `baton train` starts at step 0 of "
               f"{s['total_steps']:,})")
@@ -133,7 +135,7 @@ def _lease_line(lease) -> str:
     if lease.get("ended"):
         return (f"abandoned: {who} ended without releasing it (a kill or a crash on this machine); the next session "
                 "takes the run without asking")
-    if lease["expires_in_s"] is None:  # a store that tells no age (the Hub)
+    if lease["expires_in_s"] is None:  # no age told: the Hub, or a stamp ahead of the store's clock
         return (f"held by {who} since {lease['since']}, last renewed {lease['renewed']}; it expires "
                 f"{lease['ttl_s']:.0f} s after a renewal")
     if lease["expired"]:

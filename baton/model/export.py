@@ -54,15 +54,20 @@ MIN_TEMPERATURE = 1e-3
 def library_bars_off() -> Iterator[None]:
     """transformers' own progress bars ("Writing model shards", "Loading weights") off for the call: baton says
     what it wrote or loaded in its own lines, and --no-progress must leave no bar on the terminal or in a log."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars
     from transformers.utils import logging as hf_logging
 
-    was = hf_logging.is_progress_bar_enabled()
+    # transformers' switch turns huggingface_hub's bars with it: both come back as they were (a Hub store has
+    # turned the library's off for the process).
+    was, hub_was_off = hf_logging.is_progress_bar_enabled(), are_progress_bars_disabled()
     hf_logging.disable_progress_bar()
     try:
         yield
     finally:
         if was:
             hf_logging.enable_progress_bar()
+        if hub_was_off:
+            disable_progress_bars()
 
 
 def generate(folder: Path, prompt: str, max_new_tokens: int = 64, temperature: float = 0.8, seed: int = 0) -> str:

@@ -114,7 +114,7 @@ def _hold_scratch_runs(ctx: Context, started: float):
     would empty and roll each other's scratch runs and both fail with a misleading error. The second is refused
     in one line instead; a preflight whose process died frees them at once on its machine, elsewhere once its
     lease expires."""
-    from ..errors import LeaseHeld
+    from ..errors import LeaseHeld, StoreError
     from ..planning.ledger import new_session_id
     from ..store import open_store
     from ..store.lease import Lease, read_lease
@@ -124,6 +124,11 @@ def _hold_scratch_runs(ctx: Context, started: float):
     lease = Lease(store, name, new_session_id(started), ctx.cfg.store.lease_seconds, started=started)
     try:
         lease.acquire()
+    except StoreError as e:
+        # A store that cannot hold a lease cannot hold a checkpoint either: the storage stage fails on it and says
+        # why, in the scorecard beside the stages that need no store.
+        log.warning("preflight: could not take the lease of %s (%s); the stages run without it", name, e)
+        return None
     except LeaseHeld:
         found = read_lease(store, name)
         who = found[0].holder() if found is not None else "another session"

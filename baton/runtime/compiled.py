@@ -15,7 +15,6 @@ Where torch has no switch for that (before about 2.8), a backward that fails to 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -38,13 +37,15 @@ def is_compile_failure(e: BaseException) -> bool:
     return isinstance(e, TorchDynamoException) and not memory.is_oom(e)
 
 
-def _backward_compiled_now() -> contextlib.AbstractContextManager:
-    """AOTAutograd's backward compiled during the forward call (where a failure falls back), not lazily."""
+def _backward_with_forward() -> None:
+    """AOTAutograd's backward compiled during the forward call (where a failure falls back), not lazily at the
+    first ``.backward()``. Set for the process once baton compiles anything (a switch of torch's, read when a
+    graph compiles; turning it on and off around every call would cost microseconds per layer per micro-batch):
+    later compilations of the process compile their backward early too, which changes when, not what."""
     from torch._functorch import config as functorch_config
 
     if hasattr(functorch_config, "force_non_lazy_backward_lowering"):
-        return functorch_config.patch(force_non_lazy_backward_lowering=True)
-    return contextlib.nullcontext()
+        functorch_config.force_non_lazy_backward_lowering = True
 
 
 class CompiledOrEager:
@@ -54,13 +55,13 @@ class CompiledOrEager:
         self.fn = fn
         self.what = what
         self.compiled = torch.compile(fn, backend=BACKEND if backend is None else backend)
+        _backward_with_forward()
         self.fell_back: str | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.fell_back is None:
             try:
-                with _backward_compiled_now():
-                    return self.compiled(*args, **kwargs)
+                return self.compiled(*args, **kwargs)
             except Exception as e:  # noqa: BLE001 - sorted below: only a failure to compile is taken here
                 if not is_compile_failure(e):
                     raise

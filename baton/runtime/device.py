@@ -28,8 +28,8 @@ def rank_device(spec: str, local_rank: int, under_torchrun: bool) -> torch.devic
     current GPU, 0 in a fresh process), so two single-GPU runs on one machine can each have their own. It
     becomes the current device: kernels and memory counters that take no device argument then mean this one.
 
-    It reads the spec, not a device ``pick_device`` has indexed: under torchrun nothing has set the current GPU
-    yet, so an indexed ``auto`` would say ``cuda:0`` on every rank and look like a config naming one GPU."""
+    It reads the spec, not a device ``pick_device`` indexed before ``dist.init`` set each rank's current GPU:
+    that said ``cuda:0`` on every rank for ``auto``, which looked like a config naming one GPU."""
     device = pick_device(spec)
     if device.type != "cuda":
         return device

@@ -8,11 +8,13 @@ seen, so of two sessions racing for one run exactly one wins and the other reads
 
 Expiry never compares two machines' clocks. Where the store tells an object's age by its own clock (a local
 or mounted folder: the file system's stamps; S3: Last-Modified against the answer's Date) the lease has
-expired when that age reaches ``ttl_s``. Where it does not (the Hub), a contender watches the lease for
-``ttl_s`` seconds of its own monotonic clock: a lease that nobody renews in that time has expired.
+expired when that age reaches ``ttl_s``. Where it does not (the Hub, or a stamp ahead of the store's clock),
+a contender watches the lease for ``ttl_s`` seconds of its own clock: a lease that nobody renews in that time
+has expired.
 
-The holder keeps itself honest the same way: once ``ttl_s`` has passed on its monotonic clock since the
-start of its last successful renewal (a paused process, a store it cannot reach), it counts itself fenced,
+The holder keeps itself honest the same way: once ``ttl_s`` has passed on its own clock (one that counts
+through a suspend) since the start of its last successful renewal (a paused process or VM, a store it cannot
+reach), it counts itself fenced,
 since another session may now rightly hold the run. A renewal refused because another session took the
 lease over fences it too. A fenced session writes nothing more to the run (``FencedStore``).
 

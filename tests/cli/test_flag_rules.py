@@ -163,6 +163,9 @@ def test_status_says_when_the_folder_store_it_reads_is_not_there(make_config, tm
             f"directory, {elsewhere}: run from the folder the run was started in, or give store.url as an absolute "
             "path)") in out
     assert not (elsewhere / "store").exists()  # status reads; it creates nothing
+    assert main(["status", "-c", str(make_config()), "--set", f"store.url={tmp_path / 'unmounted'}"]) == 0
+    assert "pointer: none: the store's folder does not exist (is its disk mounted? check store.url)" in \
+        capsys.readouterr().out
     (elsewhere / "store").mkdir()
     assert main(["status", "-c", str(make_config()), "--set", "store.url=store"]) == 0
     assert "pointer: none: no verified checkpoint in the store yet" in capsys.readouterr().out

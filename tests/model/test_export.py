@@ -92,3 +92,21 @@ def test_a_flash_attention_2_run_exports_and_evaluates_without_flash_attn(make_c
     # The evaluation of the checkpoint runs on that model too (baton eval and baton publish build it this way).
     record = evaluate_model(load_config(cfg), Plan(load_config(cfg)), model, saved.step, saved.config, None)
     assert record.heldout["windows"] == 16 and record.heldout["loss"] > 0
+
+
+def test_the_library_bars_come_back_as_they_were():
+    """transformers' switch turns huggingface_hub's bars too: a Hub store's 'off' must outlive an export."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    from baton.model.export import library_bars_off
+
+    try:
+        for hub_off in (True, False):
+            hf_logging.enable_progress_bar()
+            disable_progress_bars() if hub_off else enable_progress_bars()
+            with library_bars_off():
+                assert not hf_logging.is_progress_bar_enabled() and are_progress_bars_disabled()
+            assert hf_logging.is_progress_bar_enabled() and are_progress_bars_disabled() == hub_off
+    finally:
+        hf_logging.enable_progress_bar()

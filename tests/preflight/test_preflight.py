@@ -195,3 +195,16 @@ def test_a_second_preflight_of_the_run_against_one_store_is_refused_in_one_line(
     p, doc, _, _ = preflight(stages="storage")
     assert p.returncode == 0 and doc["stages"]["storage"]["status"] == "pass", p.stderr[-2000:]
     assert read_lease(store, "test-preflight")[0].released
+
+
+def test_a_store_that_cannot_hold_the_lease_fails_the_storage_row_not_the_report(make_config, baton_cli, tmp_path):
+    """The scratch runs' lease is taken from the store under test: a store that cannot be written is the storage
+    stage's failure, reported in the scorecard beside the stages that need no store, not an end without one."""
+    (tmp_path / "a-file").write_text("not a folder")
+    out = tmp_path / "pf"
+    p = baton_cli("preflight", "-c", str(make_config()), "--out", str(out), "--stages", "construct,storage",
+                  "--store", str(tmp_path / "a-file" / "store"))
+    doc = json.loads((out / "preflight.json").read_text())
+    assert p.returncode == 1 and doc["verdict"] == "FAIL", p.stderr[-2000:]
+    assert doc["stages"]["construct"]["status"] == "pass"
+    assert doc["stages"]["storage"]["status"] == "fail" and "StoreError" in doc["stages"]["storage"]["error"]
