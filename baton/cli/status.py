@@ -51,15 +51,16 @@ def run_status(args, cfg: Config) -> int:
     elif s["pointer_step"] is None and s.get("branch"):
         print(f"pointer: none: no verified checkpoint of the branch yet (the next `baton anneal` starts it from the main "
               f"run's step {s['branch']['step']:,}, to step {s['total_steps']:,})")
-    elif s["pointer_step"] is None and s.get("store_missing"):
-        relative = not cfg.store.url.startswith("file://") and not Path(cfg.store.url).is_absolute()
-        print("pointer: none: the store's folder does not exist " + (
-            f"(a relative store.url is read from the current directory, {Path.cwd()}: run from the folder the run "
-            "was started in, or give store.url as an absolute path)" if relative else
-            "(is its disk mounted? check store.url)"))
     elif s["pointer_step"] is None:
         print(f"pointer: none: no verified checkpoint in the store yet (the next `baton train` starts at step 0 of "
               f"{s['total_steps']:,})")
+        if s.get("store_missing"):
+            # A new run's store is made by its first session; a run that has trained is elsewhere.
+            relative = not cfg.store.url.startswith("file://") and not Path(cfg.store.url).is_absolute()
+            print("store: its folder does not exist yet; if this run has trained before, " + (
+                f"its store is elsewhere: a relative store.url is read from the current directory ({Path.cwd()}), "
+                "so run from the folder the run was started in, or give store.url as an absolute path" if relative
+                else "is its disk mounted? check store.url"))
     else:
         print(f"pointer: step {s['pointer_step']:,} of {s['total_steps']:,} at {s['pointer_path']}"
               + (" (run complete)" if s["complete"] else ""))

@@ -169,6 +169,14 @@ def refuse_if_held(store: Store, run: str) -> None:
     LeaseHeld when the run's lease is live by the store's clock, with the words ``Lease.acquire`` would use.
     Where the store tells no age (the Hub) or the holder may be gone, nothing is decided here: ``acquire``
     judges it when the session takes the lease."""
+    # The record first, read as text: a released lease (the common case) is known free without asking the store's
+    # clock, which on a folder is a file touched, and a session that goes no further leaves the store as it was.
+    text = store.read_text(lease_key(run))
+    if text is None:
+        return
+    rec = LeaseRecord.from_text(text, lease_key(run))
+    if rec.released or rec.ended():
+        return
     found = read_lease(store, run)
     if found is None:
         return

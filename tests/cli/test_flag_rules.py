@@ -159,13 +159,15 @@ def test_status_says_when_the_folder_store_it_reads_is_not_there(make_config, tm
     monkeypatch.chdir(elsewhere)
     assert main(["status", "-c", str(make_config()), "--set", "store.url=store"]) == 0
     out = capsys.readouterr().out
-    assert (f"pointer: none: the store's folder does not exist (a relative store.url is read from the current "
-            f"directory, {elsewhere}: run from the folder the run was started in, or give store.url as an absolute "
-            "path)") in out
+    assert "pointer: none: no verified checkpoint in the store yet (the next `baton train` starts at step 0 of" in out
+    assert (f"store: its folder does not exist yet; if this run has trained before, its store is elsewhere: a relative "
+            f"store.url is read from the current directory ({elsewhere}), so run from the folder the run was started "
+            "in, or give store.url as an absolute path") in out
     assert not (elsewhere / "store").exists()  # status reads; it creates nothing
     assert main(["status", "-c", str(make_config()), "--set", f"store.url={tmp_path / 'unmounted'}"]) == 0
-    assert "pointer: none: the store's folder does not exist (is its disk mounted? check store.url)" in \
-        capsys.readouterr().out
+    assert ("store: its folder does not exist yet; if this run has trained before, is its disk mounted? check "
+            "store.url") in capsys.readouterr().out
     (elsewhere / "store").mkdir()
     assert main(["status", "-c", str(make_config()), "--set", "store.url=store"]) == 0
-    assert "pointer: none: no verified checkpoint in the store yet" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "pointer: none: no verified checkpoint in the store yet" in out and "store: its folder" not in out
