@@ -107,7 +107,7 @@ def newest_validation(rows: list[dict[str, Any]], pointer: Pointer | None = None
         return {"val_loss": pointer.val_loss, "val_ppl": pointer.val_ppl, "val_windows": pointer.val_windows,
                 "val_step": pointer.step}
     for r in reversed(rows):
-        if isinstance(r.get("val_loss"), (int, float)):
+        if isinstance(r.get("val_loss"), (int, float)) and type(r.get("step")) is int:
             return {"val_loss": r["val_loss"], "val_ppl": r.get("val_ppl"), "val_windows": r.get("val_windows"),
                     "val_step": r["step"]}
     return None

@@ -8,6 +8,7 @@ type. A record written by an earlier version of this format still loads (``tests
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -143,7 +144,8 @@ class CheckpointState:
         groups = state.get("optimizer_param_groups")
         wrong = [what for what, ok in (
             ("step is not a count", type(state["step"]) is int and state["step"] >= 0),
-            ("total_steps is not a count", state.get("total_steps") is None or type(state["total_steps"]) is int),
+            ("total_steps is not a count", state.get("total_steps") is None
+             or (type(state["total_steps"]) is int and state["total_steps"] >= 0)),
             ("cursor is not a table", isinstance(state["cursor"], dict)),
             ("cursor.skipped is not a list of ranges", isinstance(state["cursor"], dict)
              and _ranges(state["cursor"].get("skipped") or [])),
@@ -153,8 +155,10 @@ class CheckpointState:
              and all(isinstance(r, dict) for r in ranks)),
             ("optimizer_param_groups is not a list of tables", isinstance(groups, list)
              and all(isinstance(g, dict) for g in groups)),
-            ("scaler is not a table", isinstance(state.get("scaler"), (dict, type(None)))),
+            ("scaler is not a GradScaler's state (scale, growth_factor, backoff_factor, growth_interval, "
+             "_growth_tracker; a finite scale > 0)", _scaler(state.get("scaler"))),
             ("stats is not a table", isinstance(stats, dict)),
+            ("stats holds counters of the wrong type", not isinstance(stats, dict) or _stats(stats)),
             ("stats.rollbacks is not a list of rollback records", isinstance(rollbacks, list)
              and all(isinstance(r, dict) and _ranges([r.get("skip")]) for r in rollbacks)),
             ("data is not a table", isinstance(data, dict)),
@@ -177,6 +181,26 @@ class CheckpointState:
                    params=state.get("params"), versions=state.get("versions") or {},
                    parent=Lineage.from_json(state.get("parent")), session=state.get("session"),
                    shortened=Shortened.from_json(state.get("shortened")))
+
+
+def _number(v: Any) -> bool:
+    return type(v) in (int, float) and math.isfinite(v)
+
+
+def _scaler(sc: Any) -> bool:
+    """None, {} (no scaler: fp32, bf16) or a GradScaler's state_dict, which ``load_state_dict`` reads key by key."""
+    if sc is None or sc == {}:
+        return True
+    keys = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+    return (isinstance(sc, dict) and all(_number(sc.get(k)) for k in keys) and sc["scale"] > 0
+            and type(sc["growth_interval"]) is int and type(sc["_growth_tracker"]) is int)
+
+
+def _stats(st: dict[str, Any]) -> bool:
+    counts = all(type(st.get(k, 0)) is int and st.get(k, 0) >= 0 for k in ("nonfinite_skips", "consecutive_nonfinite"))
+    window = st.get("spike_window", [])
+    return (counts and (st.get("last_loss") is None or type(st["last_loss"]) in (int, float))
+            and isinstance(window, list) and all(_number(x) for x in window))
 
 
 def _ranges(rs: Any) -> bool:

@@ -15,6 +15,7 @@ import binascii
 import dataclasses
 import errno
 import json
+import math
 import os
 import random
 import shutil
@@ -107,7 +108,9 @@ def _slots_for(group: dict[str, Any]) -> frozenset[str] | None:
 
 
 def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
-                   groups: list[dict]) -> None:
+                   groups: list[dict], step: int | None = None, updates: int | None = None) -> None:
+    """``step``: the checkpoint's step, the most updates an optimizer's own count may say; ``updates``: the
+    updates made by then (its steps less those skipped as non-finite): any, and an empty state is a lost one."""
     names = _param_names(model, optimizer)
     index = {n: i for i, n in enumerate(names)}
     params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -124,7 +127,21 @@ def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ten
         if slot != "step" and (t.shape != p.shape or t.dtype != p.dtype):
             raise ResumeError(f"optimizer state {key!r} is {t.dtype} {tuple(t.shape)} but the parameter is {p.dtype} "
                               f"{tuple(p.shape)}{DAMAGED}")
+        if slot == "step":
+            # The update count Adam's bias correction divides by: one number, whole, within the run's steps.
+            v = float(t) if t.dim() == 0 and t.is_floating_point() else None
+            if v is None or not math.isfinite(v) or v < 0 or (step is not None and v > step) or v != int(v):
+                said = f"{v:g}" if v is not None else f"{t.dtype} {tuple(t.shape)}"
+                raise ResumeError(f"optimizer state {key!r} is {said}, not a count of updates from 0 to "
+                                  f"{step if step is not None else 'the step'}{DAMAGED}")
+        elif not bool(torch.isfinite(t).all()):
+            # Training never applies a non-finite update (it skips the step): a NaN saved is damage, and resumed it
+            # would end the run later as "non-finite gradients" with the wrong advice.
+            raise ResumeError(f"optimizer state {key!r} holds NaN or infinite values{DAMAGED}")
         state.setdefault(index[name], {})[slot] = t
+    if not state and updates:
+        raise ResumeError(f"optimizer state is empty, but the checkpoint made {updates} updates (its moments are "
+                          f"lost){DAMAGED}")
     if state:
         # A partial state would start some moments afresh: the run would silently differ from an unbroken one.
         lacking = next((n for i, n in enumerate(names) if i not in state), None)
@@ -226,6 +243,10 @@ def load_weights(ckpt: Path, model: torch.nn.Module) -> None:
         # torch's shape report spans lines: the error stays one line.
         raise ResumeError(f"{ckpt / MODEL_FILE} could not be loaded into the model: {' '.join(str(e).split())}"
                           f"{DAMAGED}") from None
+    bad = next((n for n, t in _unwrap(model).state_dict().items()
+                if t.is_floating_point() and not bool(torch.isfinite(t).all())), None)
+    if bad is not None:  # training skips a non-finite update: a NaN saved in the weights is damage
+        raise ResumeError(f"{ckpt / MODEL_FILE} holds NaN or infinite values in {bad!r}{DAMAGED}")
     if missing or unexpected:
         raise ResumeError(
             f"{ckpt / MODEL_FILE} does not fit this model (missing {sorted(missing)[:3]}, "
@@ -240,7 +261,8 @@ def load_checkpoint(ckpt: Path, model: torch.nn.Module, optimizer: torch.optim.O
         tensors = load_file(str(ckpt / OPTIM_FILE))
     except Exception as e:
         raise ResumeError(f"{ckpt / OPTIM_FILE} could not be loaded: {e}{DAMAGED}") from None
-    load_optimizer(_unwrap(model), optimizer, tensors, state.optimizer_param_groups)
+    load_optimizer(_unwrap(model), optimizer, tensors, state.optimizer_param_groups, step=state.step,
+                   updates=state.step - state.stats.nonfinite_skips)
     return state
 
 

@@ -44,6 +44,7 @@ class EvalRecord:
         """The record in ``d``, or None when it is not one of this format (it is then evaluated again)."""
         tables = ("heldout", "files", "tasks", "evaluated")
         if not (isinstance(d, dict) and d.get("format") == FORMAT and type(d.get("step")) is int
+                and type(d.get("tokens_seen", 0) or 0) is int
                 and isinstance(d.get("run"), str) and all(isinstance(d.get(k, {}), dict) for k in tables)):
             return None
         return cls(run=d["run"], step=d["step"], tokens_seen=int(d.get("tokens_seen") or 0), heldout=d.get("heldout", {}),

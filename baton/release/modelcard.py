@@ -27,7 +27,8 @@ def loss_curve(metrics: Path, out: Path, heldout: float | None = None) -> Path |
         return None
     if plt is None:
         return None
-    pts = [(r["step"], r["loss"]) for r in rows if isinstance(r.get("loss"), (int, float)) and "step" in r]
+    pts = [(r["step"], r["loss"]) for r in rows
+           if isinstance(r, dict) and isinstance(r.get("loss"), (int, float)) and type(r.get("step")) is int]
     if not pts:
         return None
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)

@@ -20,10 +20,10 @@ import torch
 from .. import faults
 from ..checkpoint import state as ckstate
 from ..checkpoint.cycle import check_not_behind, finish_pruning, push_checkpoint
-from ..checkpoint.names import folder_name, parse_step
+from ..checkpoint.names import STATE_FILE, folder_name, parse_step
 from ..checkpoint.pointer import POINTER, Lineage, Pointer, read_pointer
 from ..checkpoint.pull import pull_checkpoint, stored_state
-from ..checkpoint.record import CheckpointState, Shortened, Stats
+from ..checkpoint.record import DAMAGED, CheckpointState, Shortened, Stats
 from ..data.reader import Cursor
 from ..errors import BatonError, ResumeError
 from ..guard import resume_folder
@@ -110,6 +110,12 @@ def resume(s: Parts, mode: str, allow_change: frozenset[str]) -> Resumed:
         # when the branch's ledger knows the session that saved it (_continues).
         parent = pointer.lineage if source == s.run else None
     st = ckstate.read_state(folder)
+    # The step three records name must agree: state.json's, the pointer's (or the folder's name, for --resume
+    # PATH) and the cursor's samples (below). A state.json edited or swapped would resume elsewhere in the data
+    # and the schedule, and push its next checkpoint as verified.
+    named = pointer.step if mode == "auto" and pointer is not None else parse_step(folder.name, tail=True)
+    if named is not None and st.step != named:
+        raise ResumeError(f"{folder / STATE_FILE} says step {st.step}, but its checkpoint is step {named}{DAMAGED}")
     if mode not in ("auto", "never"):  # --resume PATH: a folder behind the store's pointer must not roll it back
         dist.on_main(lambda: _not_behind(s, st.step))
     # Anytime mode's shorter horizon, kept in the run's own checkpoints while the config names the one it cut; a

@@ -85,9 +85,26 @@ def read_state(store: Store, run: str) -> TrackerState:
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The metrics rows of ``path``. A line that is not one (not JSON, not an object with a whole step) is left
+    out with one warning: the history feeds charts and summaries, and a damaged line must not end a resume."""
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows, bad = [], 0
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if isinstance(row, dict) and type(row.get("step")) is int:
+            rows.append(row)
+        else:
+            bad += 1
+    if bad:
+        log.warning("%s: %d line%s not a metrics row (a JSON object with a step), left out", path, bad,
+                    " is" if bad == 1 else "s are")
+    return rows
 
 
 class Trackers:

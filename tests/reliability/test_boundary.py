@@ -375,6 +375,40 @@ EDITED: list[tuple[str, Callable[[B], list[str]], tuple[str, ...]]] = [
     ("moments-param-missing", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_tensors(
         r, "optimizer.safetensors", lambda k, t: None if ".layers.1." in k else t))],
      ("optimizer state is incomplete (nothing for parameter",)),
+    # A state.json of another step (edited, or swapped in from another folder): it would resume elsewhere in the
+    # data and the schedule, and push its next checkpoint as verified.
+    ("state-step-ahead", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_state(r, step=_state(r)["step"] + 2))],
+     ("state.json says step", "but its checkpoint is step", "resume from an earlier checkpoint")),
+    ("state-total-negative", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_state(r, total_steps=-5))],
+     ("state.json is malformed: total_steps is not a count",)),
+    ("state-stats-window", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_state(
+        r, stats={**_state(r)["stats"], "spike_window": ["x", None]}))],
+     ("state.json is malformed: stats holds counters of the wrong type",)),
+    ("state-stats-skips", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_state(
+        r, stats={**_state(r)["stats"], "nonfinite_skips": "abc"}))],
+     ("state.json is malformed: stats holds counters of the wrong type",)),
+    ("state-scaler-partial", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_state(r, scaler={"scale": 1.0}))],
+     ("state.json is malformed: scaler is not a GradScaler's state",)),
+    ("state-scaler-nan", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_state(r, scaler={
+        "scale": float("nan"), "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000,
+        "_growth_tracker": 0}))],
+     ("state.json is malformed: scaler is not a GradScaler's state",)),
+    # The optimizer's moments lost, or its update count or values damaged: a resume would silently differ.
+    ("moments-all-missing", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_tensors(
+        r, "optimizer.safetensors", lambda k, t: None))],
+     ("optimizer state is empty, but the checkpoint made", "(its moments are lost)")),
+    ("moments-step-negative", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_tensors(
+        r, "optimizer.safetensors", lambda k, t: t * 0 - 5 if k.endswith("::step") else t))],
+     ("::step' is -5, not a count of updates from 0 to",)),
+    ("moments-step-shape", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_tensors(
+        r, "optimizer.safetensors", lambda k, t: t.repeat(3) if k.endswith("::step") else t))],
+     ("::step' is torch.float32 (3,), not a count of updates",)),
+    ("moments-nan", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_tensors(
+        r, "optimizer.safetensors", lambda k, t: t * float("nan") if k.endswith("v_proj.weight::exp_avg_sq") else t))],
+     ("holds NaN or infinite values", "resume from an earlier checkpoint")),
+    ("weights-nan", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_tensors(
+        r, "model.safetensors", lambda k, t: t * float("inf") if k.endswith("layers.0.mlp.up_proj.weight") else t))],
+     ("model.safetensors holds NaN or infinite values in 'model.layers.0.mlp.up_proj.weight'",)),
 ]
 
 

@@ -97,3 +97,19 @@ def test_trackers_hold_every_step_once_across_wipes_and_a_kill(make_config, bato
     # checkpoint purged by the resume.
     assert [s for s, _ in tensorboard_steps(runs / "test" / "tensorboard", "train/loss")] == STEPS
     assert [s for s, _ in tensorboard_steps(runs / "test" / "tensorboard", "val/loss")] == VAL_STEPS
+
+
+def test_a_line_of_the_history_that_is_not_a_row_is_left_out_with_a_warning(tmp_path, caplog):
+    """metrics.jsonl feeds the summary and the charts: a damaged line (its checkpoint re-hashed by hand) must not
+    end the resume that reads it."""
+    import logging
+
+    from baton.tracking.trackers import read_rows
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.0}\ngarbage\n[1, 2]\n{"val_loss": 1.0}\n\n{"step": 2, "val_loss": 1.5}\n')
+    with caplog.at_level(logging.WARNING):
+        rows = read_rows(path)
+    assert rows == [{"step": 1, "loss": 2.0}, {"step": 2, "val_loss": 1.5}]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}: 3 lines are not a metrics row (a JSON object with a step), left out"]
