@@ -37,6 +37,8 @@ log = logging.getLogger("baton")
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 # torchrun must catch (and pass on) every signal the session treats as "checkpoint and stop".
 TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+# What torchrun handles (and passes to its ranks) where it has no --signals-to-handle.
+TORCHRUN_DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 _LEVEL_ERROR = re.compile(r"^\S+ \S+ \[rank \d+\] (ERROR|CRITICAL) ")
 
 
@@ -166,6 +168,16 @@ def torchrun_command(spec: LaunchSpec, train_args: list[str], run_name: str = "b
     return [*cmd, "-m", "baton.cli", "train", *train_args]
 
 
+def passed_on(signum: int) -> int:
+    """The signal torchrun is sent for ``signum``. A torchrun without ``--signals-to-handle`` (before torch 2.9)
+    handles only SIGTERM, SIGINT, SIGHUP and SIGQUIT and dies of any other (SLURM's warning signal, USR1),
+    orphaning the ranks with no checkpoint: it is sent SIGTERM instead, which every rank also takes as "checkpoint
+    and stop" (the session's reason then says SIGTERM)."""
+    if "--signals-to-handle" in _torchrun_options() or signum in TORCHRUN_DEFAULT_SIGNALS:
+        return signum
+    return int(signal.SIGTERM)
+
+
 # ---------------------------------------------------------------------------------------- rank logs
 
 
@@ -275,10 +287,11 @@ def launch(spec: LaunchSpec, train_args: list[str], log_dir: Path, run_name: str
 
     def forward(signum, frame):
         received.append(signum)
-        log.warning("baton: %s received; passed to torchrun: every rank checkpoints at the next step boundary",
-                    signal.Signals(signum).name)
+        sent = passed_on(signum)
+        log.warning("baton: %s received; passed to torchrun%s: every rank checkpoints at the next step boundary",
+                    signal.Signals(signum).name, "" if sent == signum else f" as {signal.Signals(sent).name}")
         try:
-            proc.send_signal(signum)
+            proc.send_signal(sent)
         except ProcessLookupError:
             pass
 

@@ -189,6 +189,9 @@ def already_requeued(job: SlurmJob, fields: Mapping[str, str]) -> str | None:
     state = fields.get("JobState", "")
     if state.startswith(("PENDING", "REQUEUE")):
         return f"job {job.job_id} is {state} already"
+    if state.startswith("CANCELLED"):
+        # scancel signalled the job: the person ended it, and a requeue would undo that.
+        return f"job {job.job_id} is {state}: it was cancelled, and stays so"
     return None
 
 

@@ -104,6 +104,9 @@ def test_a_job_slurm_brings_back_itself_is_not_requeued_again():
     assert slurm.already_requeued(JOB, running) is None
     assert slurm.already_requeued(JOB, {**running, "Restarts": "3"}) == "SLURM requeued job 7 already (Restarts=3)"
     assert slurm.already_requeued(JOB, {**running, "JobState": "PENDING"}) == "job 7 is PENDING already"
+    # scancel: the person ended the job; a requeue would undo it
+    assert slurm.already_requeued(JOB, {**running, "JobState": "CANCELLED by 0"}) == \
+        "job 7 is CANCELLED by 0: it was cancelled, and stays so"
 
 
 @pytest.mark.parametrize("text, hours", [
@@ -162,8 +165,21 @@ def test_the_warning_signal_is_a_stop_signal_where_configured():
     finally:
         stop.restore()
     cmd = torchrun_command(LaunchSpec(nproc=2), [], signals=(signal.SIGUSR2,))
-    if "--signals-to-handle" in cmd:  # torch >= 2.6
+    if "--signals-to-handle" in cmd:  # torch >= 2.9
         assert cmd[cmd.index("--signals-to-handle") + 1].split(",")[-1] == "SIGUSR2"
+
+
+def test_a_torchrun_that_cannot_handle_the_warning_signal_is_sent_sigterm(monkeypatch):
+    """torchrun before --signals-to-handle dies of SIGUSR1 (SLURM's warning), orphaning the ranks with no
+    checkpoint: the launcher passes it on as SIGTERM, which the ranks take as the same stop."""
+    from baton.runtime import launch
+
+    monkeypatch.setattr(launch, "_torchrun_options", lambda: frozenset({"--nproc-per-node"}))
+    assert launch.passed_on(signal.SIGUSR1) == signal.SIGTERM
+    assert launch.passed_on(signal.SIGUSR2) == signal.SIGTERM
+    assert [launch.passed_on(s) for s in launch.TORCHRUN_DEFAULT_SIGNALS] == list(launch.TORCHRUN_DEFAULT_SIGNALS)
+    monkeypatch.setattr(launch, "_torchrun_options", lambda: frozenset({"--signals-to-handle"}))
+    assert launch.passed_on(signal.SIGUSR1) == signal.SIGUSR1
 
 
 @pytest.mark.parametrize("override, problem", [
