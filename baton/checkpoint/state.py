@@ -250,7 +250,8 @@ def load_weights(ckpt: Path, model: torch.nn.Module) -> None:
     if missing or unexpected:
         raise ResumeError(
             f"{ckpt / MODEL_FILE} does not fit this model (missing {sorted(missing)[:3]}, "
-            f"unexpected {sorted(unexpected)[:3]}); the model shape changed since it was saved"
+            f"unexpected {sorted(unexpected)[:3]}): it holds other tensors than the model it was saved from"
+            f"{DAMAGED}"
         )
 
 
