@@ -406,6 +406,10 @@ EDITED: list[tuple[str, Callable[[B], list[str]], tuple[str, ...]]] = [
     ("moments-nan", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_tensors(
         r, "optimizer.safetensors", lambda k, t: t * float("nan") if k.endswith("v_proj.weight::exp_avg_sq") else t))],
      ("holds NaN or infinite values", "resume from an earlier checkpoint")),
+    ("weights-missing", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_tensors(
+        r, "model.safetensors", lambda k, t: None if k.endswith("layers.1.mlp.up_proj.weight") else t))],
+     ("does not fit this model (missing ['model.layers.1.mlp.up_proj.weight']", "it holds other tensors than the "
+      "model it was saved from", "resume from an earlier checkpoint")),
     ("weights-nan", lambda c: [*TRAIN, "-c", c.cfg, *c.store(lambda r: _edit_tensors(
         r, "model.safetensors", lambda k, t: t * float("inf") if k.endswith("layers.0.mlp.up_proj.weight") else t))],
      ("model.safetensors holds NaN or infinite values in 'model.layers.0.mlp.up_proj.weight'",)),
