@@ -326,9 +326,12 @@ class SessionLedger:
         r.heartbeat, r.heartbeat_ts = _iso_s(now), now
 
     def resumed(self, step: int) -> None:
+        now = time.time()
         self.rec.steps_from = self.rec.steps_to = step
         # From the command's start to the first step: data pull, checkpoint pull, model build (measured startup).
-        self.rec.startup_seconds = round(max(0.0, time.time() - self.rec.started_ts), 3)
+        self.rec.startup_seconds = round(max(0.0, now - self.rec.started_ts), 3)
+        # A heartbeat too: a session killed before its first one is billed its start-up (a long pull), not nothing.
+        self.rec.heartbeat, self.rec.heartbeat_ts = _iso_s(now), now
         self._write()
 
     def started_stepping(self, split: StartupSplit) -> None:

@@ -29,6 +29,7 @@ from ..checkpoint.record import Shortened
 from ..config import Config
 from ..data.reader import micro_batches
 from ..errors import BatonError, Fenced
+from ..guard import without_credentials
 from ..model.llama import build_model
 from ..model.optimizer import build_optimizer
 from ..planning.ledger import checkpoint_seconds, read_ledger
@@ -91,12 +92,15 @@ class Session:
         self._signals.install()
         try:
             self._setup(cfg, resume, stop_after, deadline, take_over)
-        except BaseException:
+        except BaseException as e:
             self._signals.restore()  # a failed start leaves the caller's handlers (a notebook's interrupt) be
             attention.ORDER.leave()
             parts = getattr(self, "parts", None)
-            if parts is not None and parts.lease is not None:
-                parts.lease.release()  # the next session may start at once
+            if parts is not None:
+                # Billed from its start to here, whatever failed (a resume's own failure has ended it already).
+                self.end_ledger(without_credentials(f"failed: {type(e).__name__}: {e}"))
+                if parts.lease is not None:
+                    parts.lease.release()  # the next session may start at once
             raise
 
     def _setup(self, cfg: Config, resume: str, stop_after: int | None, deadline: float | None,

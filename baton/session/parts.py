@@ -20,6 +20,7 @@ from ..data.permutation import Permutation
 from ..data.pull import DataSource, ensure_data
 from ..data.reader import WindowDataset
 from ..errors import BatonError, ConfigError
+from ..guard import without_credentials
 from ..model.llama import build_model, count_parameters, param_count
 from ..model.optimizer import build_optimizer, check_precision, split_summary
 from ..planning.ledger import SessionLedger, new_session_id
@@ -169,6 +170,19 @@ def _built(cfg: Config, stop_after: int | None, started: float, deadline: float 
                                if isinstance(v, str)}
     if lease is not None:
         store = FencedStore(store, lease)  # a Store that asks the lease first
+    try:
+        return _with_model(cfg, stop_after, started, deadline, info, device, store, lease, ledger, data, tok_sha256,
+                           total_steps, world, perf_notes, micro_batch)
+    except BaseException as e:
+        if ledger is not None:  # the session is billed from its start to here, failed as it is (a GPU OOM)
+            ledger.end(without_credentials(f"failed: {type(e).__name__}: {e}"), None, 0.0)
+        raise
+
+
+def _with_model(cfg: Config, stop_after: int | None, started: float, deadline: float | None, info: dist.DistInfo,
+                device: torch.device, store: Store, lease: Lease | None, ledger: SessionLedger | None,
+                data: WindowDataset, tok_sha256: str, total_steps: int, world: int, perf_notes: dict[str, Any],
+                micro_batch: int) -> Parts:
     model = build_model(cfg.model, device, seed=cfg.train.seed)
     n_params = count_parameters(model)
     if n_params != param_count(cfg.model):

@@ -24,6 +24,7 @@ def test_reference_config_file_builds_on_meta():
     assert cfg.total_steps * cfg.tokens_per_step == 999_817_216
     assert cfg.train.global_batch // (cfg.train.micro_batch * 2) == 32  # accumulation on 2 ranks
     assert cfg.train.precision == "fp16" and cfg.model.attn == "auto" and cfg.model.grad_ckpt
+    assert cfg.budget.bill_factor == 1.0  # its platform billed the container's wall-clock once, two GPUs or not
     model = build_model(cfg.model, "meta")
     assert count_parameters(model) == param_count(cfg.model) == 106_194_240
 

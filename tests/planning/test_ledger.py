@@ -175,3 +175,45 @@ def test_a_session_that_finds_the_run_complete_is_billed_at_the_runs_step(make_c
     capsys.readouterr()
     assert main(["ledger", "-c", str(make_config()), "--set", "train.steps=4"]) == 0
     assert "| 4 → 4 |" in capsys.readouterr().out
+
+
+def test_a_session_killed_before_its_first_heartbeat_is_billed_its_start_up(tmp_path):
+    """The record is written at the resume with a heartbeat: a session killed after half an hour of pulling, before
+    its first step's heartbeat, is billed that half hour, not nothing."""
+    import time as clock
+
+    store = LocalStore(tmp_path)
+    led = L.SessionLedger(store, "r", clock.time() - 1800, device="cpu", accelerators=1, bill_factor=1.0,
+                          tokens_per_step=64)
+    led.resumed(0)
+    (rec,), problems = L.read_ledger(store, "r")
+    assert not problems and rec.outcome == "open" and rec.ended_ts is None
+    assert L.billed_hours(rec) == pytest.approx(0.5, abs=0.01)
+
+
+@pytest.mark.parametrize("where", ["build", "setup", "train"])
+def test_a_session_that_fails_is_billed_with_its_failure(where, make_config, monkeypatch):
+    """A failure after the ledger record is opened (building the optimizer: a GPU out of memory; setting up the
+    session; a run gone non-finite) ends the record with the failure and bills the session to there."""
+    import baton
+    from baton.config import load_config
+    from baton.errors import BatonError
+
+    overrides = ["train.steps=4"]
+    if where == "build":
+        from baton.session import parts
+
+        monkeypatch.setattr(parts, "build_optimizer", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    elif where == "setup":
+        from baton.session import core
+
+        monkeypatch.setattr(core, "Checkpointer", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    else:
+        overrides += ["optim.lr=1e12", "train.max_nonfinite=1", "optim.grad_clip=0"]
+    cfg = load_config(make_config(), overrides)
+    with pytest.raises((RuntimeError, BatonError)):
+        baton.train(cfg, progress=False)
+    (rec,), problems = L.read_ledger(LocalStore(cfg.store.url), "test")
+    assert not problems and rec.ended_ts is not None and L.billed_hours(rec) > 0
+    assert rec.outcome.startswith("failed: BatonError: 1 consecutive steps" if where == "train" else
+                                  "failed: RuntimeError: boom"), rec.outcome
