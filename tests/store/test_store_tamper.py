@@ -323,3 +323,15 @@ def test_a_host_that_never_resolved_is_said_at_once_and_one_that_did_is_retried(
             store.read_text("run/latest.json")
     logging.getLogger("baton.store.retry").removeHandler(retried)
     assert retried.fired
+
+
+def test_a_listed_object_whose_read_back_fails_fails_verification(make_backend, tmp_path):
+    """E-023: the listing names the file with its size and sha256, but reading it back errors (here a 404 on the
+    ranged GET): the push is not verified, whatever the listing says."""
+    backend = make_backend("s3", FAST_RETRY)
+    folder = checkpoint_folder(tmp_path / "l" / "step-1", 1)
+    files = push_folder(backend.store, folder, PREFIX, "sample", create=True)[0]
+    verify(backend, folder, files)  # as pushed: verified
+    backend.fault("status", status=404, code="NoSuchKey", match=lambda m, p: m == "GET" and "model" in p)
+    with pytest.raises(VerificationError, match=r"model.safetensors: read-back failed: StoreError"):
+        verify(backend, folder, files)
