@@ -162,6 +162,18 @@ DUPLICATE_SIGNAL_S = 2.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
 
 
+def _once_more(signum: int, frame: Any, old: Any) -> None:
+    """A second stop signal: what the process would have done without baton's handler, now. A Python handler
+    (Python's own for SIGINT, which raises KeyboardInterrupt; a notebook kernel's) is called, so a notebook's second
+    interrupt ends the cell, not the kernel; otherwise the default action ends the process at once."""
+    if callable(old):
+        signal.signal(signum, old)
+        old(signum, frame)
+        return
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
 class StopSignals:
     """SIGTERM, SIGINT, SIGUSR1 (and SIGHUP, and SLURM's warning signal) set a flag the loop reads at each step boundary; a second
     signal (after the duplicate window) restores the default action and re-raises it: the process ends at
@@ -178,8 +190,7 @@ class StopSignals:
         if self.signum is not None:
             if now - self.at < DUPLICATE_SIGNAL_S:
                 return
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
+            _once_more(signum, frame, self._old.get(signum))
             return
         self.signum, self.at = signum, now
         log.warning("received %s: will checkpoint at the next step boundary and exit 0 (a second signal exits at "
@@ -224,8 +235,7 @@ class HeldSignals:
     def _handler(self, signum, frame) -> None:
         now = time.monotonic()
         if self.signum is not None and now - self.at >= DUPLICATE_SIGNAL_S:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
+            _once_more(signum, frame, self._old.get(signum))
             return
         if self.signum is None:
             self.signum, self.at = signum, now

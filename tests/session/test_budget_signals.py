@@ -278,3 +278,26 @@ def test_a_stop_step_the_run_has_passed_trains_nothing_and_says_so(make_config, 
     assert summary["steps_done"] == 4
     assert ("nothing to train: the run is at step 4, and this session stops at step 2 (--stop-after-steps): give a "
             "later step, or leave it out to train on to the horizon (8)") in capsys.readouterr().err
+
+
+def test_a_second_interrupt_in_a_notebook_ends_the_cell_not_the_kernel():
+    """Where the process has a Python handler for the signal (Python's own SIGINT handler, a notebook kernel's),
+    the second stop signal is handed to it: KeyboardInterrupt in the cell. Before, it restored the default action
+    and killed the process: the kernel, and every variable in the notebook, lost."""
+    import os
+
+    from baton.session.clock import StopSignals
+
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    stop = StopSignals()
+    stop.install()
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.signum == signal.SIGINT  # the first: a checkpoint at the next boundary
+        stop.at -= 60  # the second comes later than a duplicate would
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the handler runs between bytecodes: it has raised long before this ends
+    finally:
+        stop.restore()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
