@@ -19,6 +19,7 @@ import sys
 import time
 import types
 from collections.abc import Iterable, Mapping
+from contextlib import nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -227,7 +228,8 @@ def _check_hub_writes(cfg: Config) -> None:
 def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = None,
           session_hours: float | str | None = None, deadline: str | None = None, nproc: int = 1,
           allow_change: Iterable[str] = (), progress: bool = True, launch: LaunchSpec | None = None,
-          session_start: float | None = None, stream_output: bool = True, take_over: bool = False) -> dict[str, Any]:
+          session_start: float | None = None, stream_output: bool = True, take_over: bool = False,
+          _own_process: bool = False) -> dict[str, Any]:
     """Resume from the store and train to the next stop boundary; returns the session's summary.
 
     ``session_hours`` (9, "9h", "90m") or ``deadline`` (ISO 8601) set the time budget, counted from this
@@ -280,11 +282,13 @@ def train(cfg: Config, *, resume: str = "auto", stop_after_steps: int | None = N
                                                  take_over), stream_output)
         _requeue(summary)
         return summary
+    from .runtime.process import Restored
     from .session.clock import HeldSignals
 
     # A stop signal before the session listens (the imports below) is handed to it; one after it closed finds the
-    # work done: neither ends the process at once.
-    with HeldSignals():
+    # work done: neither ends the process at once. Called from Python, what the session set for the whole process
+    # (threads, determinism, seeded generators, hooks, its log file) is put back when it returns.
+    with HeldSignals(), (nullcontext() if _own_process else Restored()):
         from .loop import run
         from .runtime import dist, logs
 
@@ -367,8 +371,8 @@ def _launched(cfg: Config, spec: LaunchSpec, args: list[str], stream_output: boo
 @checked
 def anneal(cfg: Config, step: int, *, tokens: int | str | None = None, fraction: float | None = None,
            stop_after_steps: int | None = None, session_hours: float | str | None = None, deadline: str | None = None,
-           nproc: int = 1, progress: bool = True, stream_output: bool = True, take_over: bool = False
-           ) -> dict[str, Any]:
+           nproc: int = 1, progress: bool = True, stream_output: bool = True, take_over: bool = False,
+           _own_process: bool = False) -> dict[str, Any]:
     """`baton anneal`: a cooldown branch of ``cfg``'s run (wsd schedule) from its verified plateau checkpoint at
     ``step``, over ``tokens`` more tokens ("50M", 5e7) or ``fraction`` of the tokens seen at ``step``: the config's
     decay shape from the peak learning rate, the data continuing where the main run's would, ending in an export
@@ -392,7 +396,8 @@ def anneal(cfg: Config, step: int, *, tokens: int | str | None = None, fraction:
           f"{cfg.tokens_per_step:,} tokens ({plan.tokens:,} tokens) to step {plan.config.total_steps:,}; {where} under "
           f"{plan.config.run.name}/ in {cfg.store.url}", flush=True)
     summary = train(plan.config, stop_after_steps=stop_after_steps, session_hours=session_hours, deadline=deadline,
-                    nproc=nproc, progress=progress, stream_output=stream_output, take_over=take_over)
+                    nproc=nproc, progress=progress, stream_output=stream_output, take_over=take_over,
+                    _own_process=_own_process)
     return {**summary, "branch": plan.name}
 
 

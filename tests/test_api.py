@@ -127,3 +127,38 @@ def test_vermin_finds_nothing_newer_than_the_declared_python_floor():
     assert p.returncode == 0, p.stdout + p.stderr
     minimum = next(line for line in p.stdout.splitlines() if line.startswith("Minimum required versions:"))
     assert tuple(int(x) for x in minimum.split(":")[1].strip().split(".")) <= (3, 10), minimum
+
+
+def test_a_session_run_from_python_leaves_the_process_as_it_found_it(make_config):
+    """A notebook goes on after baton.train returns: its torch threads, deterministic algorithms, random
+    generators, exception hooks and huggingface_hub's bars are its own again, and the run's log file is closed."""
+    import logging
+    import os
+    import sys
+    import threading
+
+    import torch
+    from huggingface_hub.utils import are_progress_bars_disabled
+
+    import baton
+    from baton.config import load_config
+
+    cfg = load_config(make_config(), ["train.steps=2", "train.threads=1", "train.deterministic=true"])
+    own_threads = torch.get_num_threads()
+    torch.set_num_threads(3)  # the user's, other than the run's 1
+    torch.manual_seed(1)
+    expected = torch.rand(3)
+    torch.manual_seed(1)
+    before = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+              os.environ.get("CUBLAS_WORKSPACE_CONFIG"), sys.excepthook, threading.excepthook,
+              are_progress_bars_disabled())
+    try:
+        baton.train(cfg, progress=False)
+        after = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+                 os.environ.get("CUBLAS_WORKSPACE_CONFIG"), sys.excepthook, threading.excepthook,
+                 are_progress_bars_disabled())
+    finally:
+        torch.set_num_threads(own_threads)
+    assert after == before and after[0] == 3
+    assert torch.equal(torch.rand(3), expected)  # the user's seeded draws, as if baton had not run
+    assert not [h for h in logging.getLogger("baton").handlers if getattr(h, "_baton_file", False)]

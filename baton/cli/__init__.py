@@ -351,7 +351,8 @@ def cmd_train(args) -> int:
         # A terminal shows the ranks' output directly: no copy through this process.
         train(cfg, resume=args.resume, stop_after_steps=args.stop_after_steps, session_hours=args.session_hours,
               deadline=args.deadline, allow_change=args.allow_change, progress=not args.no_progress, launch=spec,
-              session_start=args.session_start, stream_output=False, take_over=args.take_over)
+              session_start=args.session_start, stream_output=False, take_over=args.take_over,
+              _own_process=True)  # its log file and hooks stay to the end, for the command's own last lines
     except LaunchFailed as e:
         return e.status  # the ranks' errors and the launcher's report are printed already
     return 0
@@ -367,7 +368,7 @@ def cmd_anneal(args) -> int:
     try:
         anneal(cfg, args.step, tokens=args.tokens, fraction=args.fraction, stop_after_steps=args.stop_after_steps,
                session_hours=args.session_hours, deadline=args.deadline, nproc=args.nproc,
-               progress=not args.no_progress, stream_output=False, take_over=args.take_over)
+               progress=not args.no_progress, stream_output=False, take_over=args.take_over, _own_process=True)
     except LaunchFailed as e:
         return e.status
     return 0

@@ -116,6 +116,14 @@ def file_only(level: int, message: str, exc_info=None) -> None:
             h.flush()
 
 
+def close_file() -> None:
+    """Detach and close this rank's log file (a library call's session has ended; its console stays)."""
+    for h in list(log.handlers):
+        if getattr(h, "_baton_file", False):
+            log.removeHandler(h)
+            h.close()
+
+
 def _install_hooks(rank: int) -> None:
     # An exception that escapes somewhere the CLI does not catch (a thread, interpreter shutdown) still
     # reaches this rank's file, not only a stderr that a cluster may have thrown away.
