@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from baton.extras import EXTRAS
 from support.compat_envs import build, envs, installed
 from support.helpers import write_config
 
@@ -149,3 +150,67 @@ def test_without_extras_every_command_works_or_names_its_extra(bare_env, tmp_pat
     parquet.write_bytes(b"PAR1")  # never read: the missing library is said first
     refused("prepare", "-c", cfg, "--set", "data.dir=" + str(work / "data2"), "--set",
             f'data.sources=[{{kind="parquet", path="{parquet}"}}]', extra="data")
+
+
+# Every module of the package imported in the environment's own interpreter. A module may fail only on a library
+# of a declared extra that the environment lacks (the bare one): a library imported that no extra brings, or an
+# attribute an older release lacks at import time, is what this catches (the httpx of huggingface_hub 1.x was one).
+IMPORT_ALL = r"""
+import importlib, importlib.util, json, pkgutil
+import baton
+failed = {}
+for m in pkgutil.walk_packages(baton.__path__, "baton."):
+    if m.name.endswith(".__main__"):  # a command, run on import
+        continue
+    try:
+        importlib.import_module(m.name)
+    except ModuleNotFoundError as e:
+        lib = (e.name or "").split(".")[0]
+        failed[m.name] = [lib, importlib.util.find_spec(lib) is not None]
+print(json.dumps(failed))
+"""
+
+# The Python API's session and a compiled bench cell, in the environment's torch: what the process gets back when
+# baton.train returns (runtime/process.py), the backward compiled with the forward where torch can
+# (runtime/compiled.py; a no-op before), the compile scope's fallback and the fresh compile per cell (bench.py).
+# AOTAutograd without code generation ("aot_eager"): the same dynamo and autograd path as on a GPU, no C++ build.
+API_RUN = r"""
+import sys, torch, baton
+from baton import bench
+from baton.config import load_config
+from baton.runtime import compiled
+compiled.BACKEND = "aot_eager"
+cfg = load_config(sys.argv[1], ["train.steps=2", "train.compile=true", "train.threads=1", "run.name=api"])
+torch.set_num_threads(2)
+torch.manual_seed(1)
+want = torch.rand(3)
+torch.manual_seed(1)
+summary = baton.train(cfg, progress=False)
+assert summary["steps_done"] == 2 and summary["compile_fallbacks"] == [], summary
+assert torch.get_num_threads() == 2 and torch.equal(torch.rand(3), want), "the process was not put back"
+cells = bench.run_grid(cfg, ["sdpa"], [32], [2, 4], [False], [True], 128, torch.device("cpu"), warmup=0, steps=1)
+assert [c.status for c in cells] == ["ok", "ok"] and not any(c.reason for c in cells), [(c.status, c.reason) for c in cells]
+print("api ok on torch", torch.__version__)
+"""
+
+
+def test_every_module_imports_and_the_python_api_runs(env, tmp_path):
+    python = str(env.bin / "python")
+    run_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    run_env.pop("VIRTUAL_ENV", None)
+    got = subprocess.run([python, "-c", IMPORT_ALL], capture_output=True, text=True, timeout=600, env=run_env)
+    assert got.returncode == 0, got.stderr[-3000:]
+    failed = json.loads(got.stdout.strip().splitlines()[-1])
+    # only on the library of an extra this environment does not have
+    assert all(lib in EXTRAS and not there for lib, there in failed.values()), (env.name, failed)
+
+    work = tmp_path / "work"
+    cfg = write_config(work / "run.toml", data_dir=work / "data", store=work / "store", runs=work / "runs",
+                       run_name="compat")
+    Relay(env, work)("prepare", "-c", str(cfg))
+    api = subprocess.run([python, "-c", API_RUN, str(cfg)], cwd=work, capture_output=True, text=True, timeout=900,
+                         env=run_env)
+    assert api.returncode == 0 and "api ok on torch" in api.stdout, api.stdout[-2000:] + api.stderr[-4000:]
+    version = subprocess.run([python, "-m", "baton", "--version"], capture_output=True, text=True, timeout=300,
+                             env=run_env)
+    assert version.returncode == 0 and version.stdout.startswith("baton "), version.stderr
