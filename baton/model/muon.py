@@ -22,8 +22,12 @@ from typing import Any
 
 import torch
 
+# torch.optim.Muon is torch 2.9's. On an older torch runtime.features refuses optim.name = "muon" before a session
+# builds an optimizer; the module itself still imports there, as every module of the package does.
+_TorchMuon: Any = getattr(torch.optim, "Muon", torch.optim.Optimizer)
 
-class Muon(torch.optim.Muon):
+
+class Muon(_TorchMuon):
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         loss = None
